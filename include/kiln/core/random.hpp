@@ -1,0 +1,116 @@
+// Counter-based random numbers (Philox-4x32-10, Salmon et al., SC'11): the n-th number of a stream is a pure function
+// of (seed, stream, n), so CPU and GPU kernels, threads and resumed runs all draw the same values.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+#include "kiln/core/config.hpp"
+
+namespace kiln {
+
+// One Philox-4x32-10 block: 128 bits of counter and 64 bits of key in, 128 random bits out.
+KILN_ALWAYS_INLINE std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter,
+                                                           std::array<std::uint32_t, 2> key) {
+  constexpr std::uint32_t mul0 = 0xD2511F53u, mul1 = 0xCD9E8D57u;
+  constexpr std::uint32_t weyl0 = 0x9E3779B9u, weyl1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    std::uint64_t p0 = std::uint64_t{mul0} * counter[0];
+    std::uint64_t p1 = std::uint64_t{mul1} * counter[2];
+    counter = {static_cast<std::uint32_t>(p1 >> 32) ^ counter[1] ^ key[0], static_cast<std::uint32_t>(p1),
+               static_cast<std::uint32_t>(p0 >> 32) ^ counter[3] ^ key[1], static_cast<std::uint32_t>(p0)};
+    key[0] += weyl0;
+    key[1] += weyl1;
+  }
+  return counter;
+}
+
+// A stream of random numbers: seed and stream id are the Philox key and upper counter, position the lower counter.
+// Copying a generator copies its position; state() and set_state() save and restore it exactly.
+class random_generator {
+ public:
+  struct state_type {
+    std::uint64_t seed = 0, stream = 0, position = 0;
+  };
+
+  explicit random_generator(std::uint64_t seed = 0, std::uint64_t stream = 0) : state_{seed, stream, 0} {}
+
+  // A generator for an independent stream under the same seed (one per layer, per loader, per epoch...).
+  random_generator fork(std::uint64_t stream) const { return random_generator(state_.seed, stream); }
+
+  std::uint32_t next_u32() {
+    std::uint64_t block = state_.position >> 2;
+    int lane = static_cast<int>(state_.position & 3);
+    if (block != cached_block_ || !cache_valid_) {
+      cache_ = philox4x32({static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32),
+                           static_cast<std::uint32_t>(state_.stream), static_cast<std::uint32_t>(state_.stream >> 32)},
+                          {static_cast<std::uint32_t>(state_.seed), static_cast<std::uint32_t>(state_.seed >> 32)});
+      cached_block_ = block;
+      cache_valid_ = true;
+    }
+    ++state_.position;
+    return cache_[lane];
+  }
+  std::uint64_t next_u64() {
+    std::uint64_t hi = next_u32();
+    return (hi << 32) | next_u32();
+  }
+
+  // Uniform in [0, 1): 24 random bits for float, 53 for double, so every value is exactly representable.
+  template <class T = float>
+  T uniform() {
+    if constexpr (sizeof(T) <= 4) {
+      return static_cast<T>(next_u32() >> 8) * T(1.0f / 16777216.0f);
+    } else {
+      return static_cast<T>(next_u64() >> 11) * T(1.0 / 9007199254740992.0);
+    }
+  }
+  template <class T = float>
+  T uniform(T low, T high) {
+    return low + (high - low) * uniform<T>();
+  }
+  // Standard normal by the Box-Muller transform (computed in double, so float and double draws agree).
+  template <class T = float>
+  T normal(T mean = T(0), T stddev = T(1)) {
+    double u1 = 1.0 - uniform<double>();  // in (0, 1]: log stays finite
+    double u2 = uniform<double>();
+    double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+    return static_cast<T>(mean + stddev * z);
+  }
+  // Uniform integer in [0, bound) without modulo bias (Lemire's multiply-shift with rejection).
+  std::uint64_t below(std::uint64_t bound) {
+    if (bound <= 0xFFFFFFFFull) {
+      std::uint64_t product = std::uint64_t{next_u32()} * bound;
+      std::uint32_t low = static_cast<std::uint32_t>(product);
+      if (low < bound) {
+        std::uint32_t threshold = static_cast<std::uint32_t>(-static_cast<std::uint32_t>(bound) % bound);
+        while (low < threshold) {
+          product = std::uint64_t{next_u32()} * bound;
+          low = static_cast<std::uint32_t>(product);
+        }
+      }
+      return product >> 32;
+    }
+    std::uint64_t limit = ~std::uint64_t{0} - (~std::uint64_t{0} % bound);
+    std::uint64_t x;
+    do x = next_u64();
+    while (x >= limit);
+    return x % bound;
+  }
+
+  const state_type& state() const { return state_; }
+  void set_state(const state_type& s) {
+    state_ = s;
+    cache_valid_ = false;
+  }
+
+ private:
+  state_type state_;
+  std::array<std::uint32_t, 4> cache_{};
+  std::uint64_t cached_block_ = 0;
+  bool cache_valid_ = false;
+};
+
+}  // namespace kiln

@@ -1,0 +1,71 @@
+// Element-wise activation functions and their derivatives, as scalar inline functions. Every kernel that applies an
+// activation (the element-wise kernels, the GEMM epilogue, later the GPU kernels) calls these, so fused and unfused
+// paths compute bit-identical values.
+#pragma once
+
+#include <cmath>
+#include <numbers>
+
+#include "kiln/core/config.hpp"
+
+namespace kiln {
+
+// Which activation a layer or a fused epilogue applies.
+enum class activation { identity, relu, leaky_relu, gelu, sigmoid, tanh };
+
+inline const char* activation_name(activation a) {
+  switch (a) {
+    case activation::identity: return "Identity";
+    case activation::relu: return "ReLU";
+    case activation::leaky_relu: return "LeakyReLU";
+    case activation::gelu: return "GELU";
+    case activation::sigmoid: return "Sigmoid";
+    case activation::tanh: return "Tanh";
+  }
+  return "?";
+}
+
+// Whether the derivative needs the activation's input (GELU) rather than only its output (all the others).
+constexpr bool activation_grad_needs_input(activation a) { return a == activation::gelu; }
+
+namespace kernels {
+
+template <class T>
+KILN_ALWAYS_INLINE T sigmoid_value(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+// y = f(x). slope is LeakyReLU's negative slope and is ignored by the others.
+template <class T>
+KILN_ALWAYS_INLINE T activate(activation a, T x, T slope) {
+  switch (a) {
+    case activation::identity: return x;
+    case activation::relu: return x > T(0) ? x : T(0);
+    case activation::leaky_relu: return x > T(0) ? x : x * slope;
+    case activation::gelu: return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+    case activation::sigmoid: return sigmoid_value(x);
+    case activation::tanh: return std::tanh(x);
+  }
+  return x;
+}
+
+// dL/dx = dL/dy * f'(x), with f' written in terms of the output y where it can be (x is then unused).
+template <class T>
+KILN_ALWAYS_INLINE T activate_backward(activation a, T x, T y, T dy, T slope) {
+  switch (a) {
+    case activation::identity: return dy;
+    case activation::relu: return y > T(0) ? dy : T(0);
+    case activation::leaky_relu: return y > T(0) ? dy : dy * slope;
+    case activation::gelu: {
+      T cdf = T(0.5) * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
+      T pdf = std::exp(T(-0.5) * x * x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+      return dy * (cdf + x * pdf);
+    }
+    case activation::sigmoid: return dy * y * (T(1) - y);
+    case activation::tanh: return dy * (T(1) - y * y);
+  }
+  return dy;
+}
+
+}  // namespace kernels
+}  // namespace kiln
