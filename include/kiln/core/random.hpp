@@ -113,4 +113,22 @@ class random_generator {
   bool cache_valid_ = false;
 };
 
+// The global seed behind dynamic-mode initialisation, like torch.manual_seed. Every module that owns parameters takes
+// the next stream of this seed when it is constructed; a static Sequential built with the same seed gives its k-th
+// parameterised layer stream k, so both modes start from the same weights.
+struct init_streams {
+  std::uint64_t seed = 0;
+  std::uint64_t next_stream = 0;
+};
+inline init_streams& global_init_streams() {
+  static thread_local init_streams streams;
+  return streams;
+}
+inline void manual_seed(std::uint64_t seed) { global_init_streams() = {seed, 0}; }
+// The generator for the next parameterised module.
+inline random_generator next_init_generator() {
+  auto& s = global_init_streams();
+  return random_generator(s.seed, s.next_stream++);
+}
+
 }  // namespace kiln

@@ -1,0 +1,37 @@
+// kiln::dims<...>: a per-sample shape known at compile time (the batch extent stays a run-time value).
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "kiln/core/config.hpp"
+#include "kiln/core/shape.hpp"
+
+namespace kiln {
+
+// The extents of one sample, e.g. dims<1, 28, 28>; size is their product.
+template <index_t... Extents>
+struct dims {
+  static constexpr int rank = sizeof...(Extents);
+  static constexpr index_t size = (index_t{1} * ... * Extents);
+  static constexpr std::array<index_t, sizeof...(Extents)> extents{Extents...};
+
+  // The run-time shape of a batch of these samples.
+  static kiln::shape batch_shape(index_t batch) {
+    kiln::shape s{batch};
+    for (index_t e : extents) s.push_back(e);
+    return s;
+  }
+  static std::string str() {
+    std::string out = "(";
+    for (int d = 0; d < rank; ++d) out += (d ? ", " : "") + std::to_string(extents[d]);
+    return out + (rank == 1 ? ",)" : ")");
+  }
+};
+
+template <class T>
+inline constexpr bool is_dims = false;
+template <index_t... E>
+inline constexpr bool is_dims<dims<E...>> = true;
+
+}  // namespace kiln

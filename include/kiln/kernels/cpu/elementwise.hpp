@@ -1,0 +1,94 @@
+// Element-wise CPU kernels: activations forward and backward, bias, arithmetic. Plain loops over contiguous arrays
+// that the compiler vectorises; the activation switch is hoisted out of the loop.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "kiln/core/config.hpp"
+#include "kiln/kernels/activation.hpp"
+
+namespace kiln::kernels::cpu {
+
+// Calls body(std::integral_constant<activation, a>{}) so that loops are compiled once per activation.
+template <class Body>
+KILN_ALWAYS_INLINE void with_activation(activation a, Body&& body) {
+  switch (a) {
+    case activation::identity: return body(std::integral_constant<activation, activation::identity>{});
+    case activation::relu: return body(std::integral_constant<activation, activation::relu>{});
+    case activation::leaky_relu: return body(std::integral_constant<activation, activation::leaky_relu>{});
+    case activation::gelu: return body(std::integral_constant<activation, activation::gelu>{});
+    case activation::sigmoid: return body(std::integral_constant<activation, activation::sigmoid>{});
+    case activation::tanh: return body(std::integral_constant<activation, activation::tanh>{});
+  }
+}
+
+// The element-wise kernels of the CPU policies.
+struct elementwise_kernels {
+  // y = f(x); y may alias x.
+  template <class T>
+  static void activation_forward(activation a, const T* x, T* y, index_t n, T slope) {
+    with_activation(a, [&](auto act) {
+      for (index_t i = 0; i < n; ++i) y[i] = activate(act.value, x[i], slope);
+    });
+  }
+  // dx = dy * f'(x), from the input x and/or the output y (either may be null when the activation does not use it).
+  // dx may alias dy. accumulate adds into dx instead of overwriting it.
+  template <class T>
+  static void activation_backward(activation a, const T* x, const T* y, const T* dy, T* dx, index_t n, T slope,
+                                  bool accumulate = false) {
+    with_activation(a, [&](auto act) {
+      for (index_t i = 0; i < n; ++i) {
+        T g = activate_backward(act.value, x ? x[i] : T(0), y ? y[i] : T(0), dy[i], slope);
+        dx[i] = accumulate ? dx[i] + g : g;
+      }
+    });
+  }
+
+  // x[r, :] += bias for every row r of a rows x cols matrix.
+  template <class T>
+  static void add_row_bias(T* x, const T* bias, index_t rows, index_t cols) {
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) x[r * cols + c] += bias[c];
+  }
+  // out = a + b (out may alias either).
+  template <class T>
+  static void add(const T* a, const T* b, T* out, index_t n) {
+    for (index_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  }
+  // out = a - b.
+  template <class T>
+  static void subtract(const T* a, const T* b, T* out, index_t n) {
+    for (index_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+  }
+  // out = a * b, element by element.
+  template <class T>
+  static void multiply(const T* a, const T* b, T* out, index_t n) {
+    for (index_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+  }
+  // out = a * s.
+  template <class T>
+  static void scale(const T* a, T s, T* out, index_t n) {
+    for (index_t i = 0; i < n; ++i) out[i] = a[i] * s;
+  }
+  // y += alpha * x.
+  template <class T>
+  static void axpy(T alpha, const T* x, T* y, index_t n) {
+    for (index_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+  }
+  // y += x: how gradients accumulate when a value feeds several consumers.
+  template <class T>
+  static void accumulate(const T* x, T* y, index_t n) {
+    for (index_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  template <class T>
+  static void copy(const T* x, T* y, index_t n) {
+    if (n > 0 && x != y) std::memcpy(y, x, static_cast<std::size_t>(n) * sizeof(T));
+  }
+  template <class T>
+  static void fill(T* y, T value, index_t n) {
+    std::fill_n(y, n, value);
+  }
+};
+
+}  // namespace kiln::kernels::cpu

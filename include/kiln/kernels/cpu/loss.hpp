@@ -1,0 +1,87 @@
+// Loss kernels: mean squared error, softmax cross-entropy from logits with integer labels (fused: one pass gives the
+// loss and the gradient), binary cross-entropy with logits. Each returns the loss and, when asked, writes dL/dinput
+// scaled by an upstream gradient.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kiln/core/config.hpp"
+#include "kiln/core/error.hpp"
+#include "kiln/kernels/cpu/reduce.hpp"
+
+namespace kiln {
+
+// How a loss folds per-element values into one number.
+enum class reduction { mean, sum };
+
+namespace kernels::cpu {
+
+// The loss kernels of the CPU policies.
+struct loss_kernels {
+  // L = reduce((input - target)^2). grad (optional) = upstream * dL/dinput.
+  template <class T>
+  static T mse(const T* input, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
+    sum_type<T> total = 0;
+    for (index_t i = 0; i < n; ++i) {
+      T d = input[i] - target[i];
+      total += sum_type<T>(d) * d;
+    }
+    T scale = r == reduction::mean ? T(1) / static_cast<T>(n) : T(1);
+    if (grad) {
+      T factor = T(2) * scale * upstream;
+      for (index_t i = 0; i < n; ++i) grad[i] = factor * (input[i] - target[i]);
+    }
+    return static_cast<T>(total) * scale;
+  }
+
+  // Cross-entropy of rows x classes logits against integer labels, through a stable log-softmax, fused with its
+  // gradient: dL/dlogits = (softmax(logits) - onehot(label)) * scale. Labels outside [0, classes) throw.
+  template <class T>
+  static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
+                                 reduction r, T* grad, T upstream = T(1)) {
+    for (index_t row = 0; row < rows; ++row)
+      if (labels[row] < 0 || labels[row] >= classes)
+        fail("cross_entropy: expected labels in [0, ", classes, "), found ", labels[row], " at row ", row);
+    T scale = r == reduction::mean ? T(1) / static_cast<T>(rows) : T(1);
+    sum_type<T> total = 0;
+    for (index_t row = 0; row < rows; ++row) {
+      const T* x = logits + row * classes;
+      T max_value = -std::numeric_limits<T>::infinity();
+      for (index_t c = 0; c < classes; ++c) max_value = std::max(max_value, x[c]);
+      T exp_sum = 0;
+      for (index_t c = 0; c < classes; ++c) exp_sum += std::exp(x[c] - max_value);
+      T log_sum = std::log(exp_sum) + max_value;
+      total += log_sum - x[labels[row]];
+      if (grad) {
+        T* g = grad + row * classes;
+        T factor = scale * upstream;
+        T inverse = T(1) / exp_sum;
+        for (index_t c = 0; c < classes; ++c) g[c] = std::exp(x[c] - max_value) * inverse * factor;
+        g[labels[row]] -= factor;
+      }
+    }
+    return static_cast<T>(total) * scale;
+  }
+
+  // L = reduce(max(x, 0) - x * t + log(1 + exp(-|x|))), the stable form of -[t log s(x) + (1 - t) log(1 - s(x))].
+  // dL/dx = sigmoid(x) - t.
+  template <class T>
+  static T bce_with_logits(const T* logits, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
+    sum_type<T> total = 0;
+    for (index_t i = 0; i < n; ++i) {
+      T x = logits[i];
+      total += std::max(x, T(0)) - x * target[i] + std::log1p(std::exp(-std::abs(x)));
+    }
+    T scale = r == reduction::mean ? T(1) / static_cast<T>(n) : T(1);
+    if (grad) {
+      T factor = scale * upstream;
+      for (index_t i = 0; i < n; ++i) grad[i] = (T(1) / (T(1) + std::exp(-logits[i])) - target[i]) * factor;
+    }
+    return static_cast<T>(total) * scale;
+  }
+};
+
+}  // namespace kernels::cpu
+}  // namespace kiln

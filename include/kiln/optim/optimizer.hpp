@@ -1,0 +1,74 @@
+// The part every optimizer shares: the parameter slots it updates, the learning rate, zero_grad, and L1/L2
+// regularisation applied to the gradients before the update.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/optim/parameter.hpp"
+#include "kiln/policy.hpp"
+
+namespace kiln::optim {
+
+// L1 and L2 penalties on every parameter the optimizer updates: gradient += l1 * sign(p) + 2 * l2 * p.
+struct regularization {
+  double l1 = 0.0;
+  double l2 = 0.0;
+};
+
+// Holds the slots; derived classes implement update(slot index, step). Policy picks the update kernels.
+template <class T, class Policy>
+class optimizer_base {
+ public:
+  using value_type = T;
+
+  // Adds parameters: a range of slots (static mode) or of variables (dynamic mode).
+  template <class Range>
+  void add_parameters(const Range& params) {
+    for (const auto& p : params) slots_.push_back(as_parameter_slot(p));
+  }
+  bool has_parameters() const { return !slots_.empty(); }
+  const std::vector<parameter_slot<T>>& slots() const { return slots_; }
+
+  void zero_grad() {
+    for (auto& s : slots_) Policy::fill(s.grad, T(0), s.size);
+  }
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  long long steps_taken() const { return steps_; }
+
+  // The penalty term l1 * sum|p| + l2 * sum p^2 over all parameters, to report beside the data loss.
+  T penalty() const {
+    T total = 0;
+    for (const auto& s : slots_) {
+      if (regularization_.l1 != 0) total += T(regularization_.l1) * Policy::sum_abs(s.value, s.size);
+      if (regularization_.l2 != 0) total += T(regularization_.l2) * Policy::sum_squares(s.value, s.size);
+    }
+    return total;
+  }
+
+ protected:
+  optimizer_base(double lr, regularization r) : lr_(lr), regularization_(r) {}
+
+  // Runs body(slot, index) for each trainable slot after regularising its gradient.
+  template <class Body>
+  void for_each_trainable(Body&& body) {
+    if (slots_.empty()) fail("optimizer step: no parameters were given to the optimizer");
+    ++steps_;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      auto& s = slots_[i];
+      if (s.trainable && !*s.trainable) continue;
+      if (regularization_.l1 != 0 || regularization_.l2 != 0)
+        Policy::regularize_gradient(s.value, s.grad, s.size, T(regularization_.l1), T(regularization_.l2));
+      body(s, i);
+    }
+  }
+
+  std::vector<parameter_slot<T>> slots_;
+  double lr_;
+  regularization regularization_;
+  long long steps_ = 0;
+};
+
+}  // namespace kiln::optim

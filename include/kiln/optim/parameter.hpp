@@ -1,0 +1,26 @@
+// parameter_slot: what an optimizer sees of a parameter, in either mode: a value span and its gradient span.
+#pragma once
+
+#include <string>
+
+#include "kiln/core/config.hpp"
+
+namespace kiln::optim {
+
+// One contiguous run of parameters and its gradient. Static mode hands an optimizer one slot for its whole flat
+// buffer; dynamic mode one slot per parameter tensor. trainable (optional) lets a frozen parameter be skipped.
+template <class T>
+struct parameter_slot {
+  T* value = nullptr;
+  T* grad = nullptr;
+  index_t size = 0;
+  const bool* trainable = nullptr;
+};
+
+// Static mode already yields slots; dynamic mode's variables provide their own as_parameter_slot overload.
+template <class T>
+parameter_slot<T> as_parameter_slot(const parameter_slot<T>& slot) {
+  return slot;
+}
+
+}  // namespace kiln::optim

@@ -1,0 +1,60 @@
+// Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay (torch.optim.SGD).
+#pragma once
+
+#include <ranges>
+#include <type_traits>
+
+#include "kiln/core/tensor.hpp"
+#include "kiln/optim/optimizer.hpp"
+
+namespace kiln::optim {
+
+// SGD's hyper-parameters, PyTorch's defaults (lr has none there; 0.01 here).
+struct sgd_options {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  regularization regularize{};
+};
+
+// SGD over any parameters; one momentum buffer per slot, allocated on the first step.
+template <class T = float, class Policy = policy::cpu>
+class basic_sgd : public optimizer_base<T, Policy> {
+  using base = optimizer_base<T, Policy>;
+
+ public:
+  explicit basic_sgd(sgd_options o = {}) : base(o.lr, o.regularize), options_(o) { validate(); }
+  template <std::ranges::range Range>
+  basic_sgd(const Range& params, sgd_options o = {}) : basic_sgd(o) {
+    this->add_parameters(params);
+  }
+
+  void step() {
+    bool first = this->steps_ == 0;
+    if (first) momentum_.resize(this->slots_.size());
+    this->for_each_trainable([&](parameter_slot<T>& s, std::size_t i) {
+      if (options_.momentum != 0 && momentum_[i].numel() != s.size) momentum_[i] = Tensor<T>(shape{s.size});
+      kernels::cpu::sgd_step_args<T> args{T(this->lr_),           T(options_.momentum), T(options_.dampening),
+                                          T(options_.weight_decay), options_.nesterov,    first};
+      Policy::sgd_update(s.value, s.grad, momentum_[i].data(), s.size, args);
+    });
+  }
+  const sgd_options& options() const { return options_; }
+  std::vector<Tensor<T>>& momentum_buffers() { return momentum_; }
+
+ private:
+  void validate() const {
+    if (options_.lr < 0) fail("SGD: expected lr >= 0, found ", options_.lr);
+    if (options_.nesterov && (options_.momentum <= 0 || options_.dampening != 0))
+      fail("SGD: Nesterov momentum needs momentum > 0 and dampening 0, found momentum ", options_.momentum,
+           " and dampening ", options_.dampening);
+  }
+  sgd_options options_;
+  std::vector<Tensor<T>> momentum_;
+};
+
+using SGD = basic_sgd<float>;
+
+}  // namespace kiln::optim
