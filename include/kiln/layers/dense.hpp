@@ -3,11 +3,14 @@
 #pragma once
 
 #include <span>
+#include <string>
+#include <vector>
 
 #include "kiln/core/init.hpp"
 #include "kiln/core/static_shape.hpp"
 #include "kiln/layers/activation.hpp"
 #include "kiln/layers/layer_context.hpp"
+#include "kiln/layers/parameter_info.hpp"
 
 namespace kiln {
 
@@ -91,6 +94,11 @@ struct Dense {
                                     T(Act::slope));
       dense_backward<Policy>(x, params, dy, dx, dparams, Bias ? dparams + weight_size : nullptr, ctx.batch, in, Out,
                              false);
+    }
+    static std::vector<static_parameter_info> parameter_tensors() {
+      std::vector<static_parameter_info> tensors{{"weight", shape{Out, in}, 0}};
+      if constexpr (Bias) tensors.push_back({"bias", shape{Out}, weight_size});
+      return tensors;
     }
     static std::string description() {
       std::string d = "Dense";

@@ -1,0 +1,15 @@
+// static_options: the switches of a static model that the cost-of-dynamism ladder turns on one at a time.
+#pragma once
+
+namespace kiln {
+
+// Run-time switches of a static Sequential. The defaults are the fastest; turning one off keeps every number the
+// same (fusion: within float rounding, usually bit for bit) and measures what that feature buys.
+struct static_options {
+  // Apply Dense layers' activations inside the GEMM's epilogue instead of as a second pass over memory.
+  bool fuse_epilogues = true;
+  // Hand the optimizer one slot for the whole flat parameter buffer instead of one per parameter tensor.
+  bool flat_parameters = true;
+};
+
+}  // namespace kiln

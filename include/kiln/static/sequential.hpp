@@ -1,0 +1,370 @@
+// kiln::Sequential<Policy, Input<...>, Layers...>: a model whose layers are types. Shapes are inferred and checked by
+// the compiler, all memory (parameters, gradients, activations, scratch) is planned and allocated once at
+// construction for a maximum batch, parameters live in one flat buffer, and a training step allocates nothing.
+#pragma once
+
+#include <array>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/memory.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/layers/layer_context.hpp"
+#include "kiln/layers/parameter_info.hpp"
+#include "kiln/optim/parameter.hpp"
+#include "kiln/policy.hpp"
+#include "kiln/static/input.hpp"
+#include "kiln/static/options.hpp"
+#include "kiln/static/shape_check.hpp"
+
+namespace kiln {
+
+// One row of a model summary: the layer, its output shape per sample and its parameter count.
+struct layer_summary {
+  std::string name;
+  kiln::shape output_shape;
+  index_t parameters = 0;
+};
+
+namespace detail {
+template <class List>
+struct list_to_tuple;
+template <class... B>
+struct list_to_tuple<type_list<B...>> {
+  using type = std::tuple<B...>;
+};
+constexpr index_t align_up(index_t n, index_t to) { return (n + to - 1) / to * to; }
+// Parameter slices start on 64-byte boundaries so that every layer's weights are aligned for vector loads.
+inline constexpr index_t parameter_alignment = 16;
+template <class B>
+concept describes_parameters = requires { B::parameter_tensors(); };
+template <class L>
+concept has_fused_activation = requires { L::fused_activation; };
+}  // namespace detail
+
+template <class Policy, class InputSpec, class... Layers>
+class Sequential {
+  static_assert(sizeof...(Layers) > 0, "kiln::Sequential needs at least one layer after the Input");
+
+ public:
+  using value_type = typename InputSpec::value_type;
+  using T = value_type;
+  using policy = Policy;
+  using input_shape = typename InputSpec::shape;
+  using binding = bind_layers<InputSpec, input_shape, Layers...>;
+  using output_shape = typename binding::output;
+  static constexpr std::size_t layer_count = sizeof...(Layers);
+
+ private:
+  using bound_tuple = typename detail::list_to_tuple<typename binding::type>::type;
+  template <std::size_t I>
+  using bound = std::tuple_element_t<I, bound_tuple>;
+  template <std::size_t I>
+  using layer = std::tuple_element_t<I, std::tuple<Layers...>>;
+
+  template <std::size_t... I>
+  static constexpr std::array<index_t, layer_count + 1> compute_offsets(std::index_sequence<I...>) {
+    std::array<index_t, layer_count + 1> offsets{};
+    index_t counts[] = {bound<I>::param_count...};
+    for (std::size_t i = 0; i < layer_count; ++i)
+      offsets[i + 1] = offsets[i] + detail::align_up(counts[i], detail::parameter_alignment);
+    return offsets;
+  }
+  static constexpr auto param_offsets = compute_offsets(std::make_index_sequence<layer_count>{});
+  template <std::size_t... I>
+  static constexpr bool all_alias(std::index_sequence<I...>) {
+    return (bound<I>::aliases_input && ...);
+  }
+  static_assert(!all_alias(std::make_index_sequence<layer_count>{}),
+                "kiln::Sequential: every layer only reshapes its input; add a layer that computes something");
+
+ public:
+  // Total parameter elements including alignment padding between layers (the padding stays zero).
+  static constexpr index_t flat_parameter_size = param_offsets[layer_count];
+
+  // Plans and allocates everything for batches of up to max_batch samples, initialising the k-th layer that has
+  // parameters from random_generator(seed).fork(k), like dynamic mode after kiln::manual_seed(seed).
+  explicit Sequential(index_t max_batch, std::uint64_t seed = 0, static_options options = {})
+      : max_batch_(max_batch), options_(options) {
+    if (max_batch <= 0) fail("Sequential: expected a positive maximum batch, found ", max_batch);
+    params_ = Tensor<T>(shape{flat_parameter_size});
+    grads_ = Tensor<T>(shape{flat_parameter_size});
+    plan_workspace(std::make_index_sequence<layer_count>{});
+    initialize(seed);
+  }
+
+  // Re-draws every parameter as a freshly constructed model with this seed would.
+  void initialize(std::uint64_t seed) {
+    params_.fill(T(0));
+    random_generator root(seed);
+    std::uint64_t stream = 0;
+    for_each_layer([&]<std::size_t I>() {
+      if constexpr (bound<I>::param_count > 0) {
+        random_generator rng = root.fork(stream++);
+        bound<I>::init(params_.data() + param_offsets[I], rng);
+      }
+    });
+  }
+
+  index_t max_batch() const { return max_batch_; }
+  const static_options& options() const { return options_; }
+  void set_options(const static_options& o) { options_ = o; }
+  // Training mode affects layers such as dropout and batch normalisation; train_step always trains.
+  void train(bool on = true) { training_ = on; }
+  void eval() { training_ = false; }
+  bool is_training() const { return training_; }
+
+  // Runs the layers on a batch and returns a view of the output inside the workspace (valid until the next call).
+  tensor_view<const T> forward(tensor_view<const T> x) {
+    index_t batch = check_input(x, "Sequential::forward");
+    layer_context ctx{batch, training_, nullptr};
+    run_forward(x.data(), ctx);
+    return {output_pointer(), output_shape::batch_shape(batch)};
+  }
+
+  // Forward in evaluation mode for any number of samples (processed in chunks of max_batch), into a new tensor.
+  Tensor<T> predict(tensor_view<const T> x) {
+    if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
+      fail("Sequential::predict: expected input of shape [*, ", input_shape::str(), " = ", input_shape::size,
+           " values per sample], found ", x.shape());
+    index_t samples = x.extent(0);
+    Tensor<T> out(output_shape::batch_shape(samples));
+    bool was_training = training_;
+    training_ = false;
+    for (index_t first = 0; first < samples; first += max_batch_) {
+      index_t count = std::min(max_batch_, samples - first);
+      layer_context ctx{count, false, nullptr};
+      run_forward(x.data() + first * input_shape::size, ctx);
+      Policy::copy(output_pointer(), out.data() + first * output_shape::size, count * output_shape::size);
+    }
+    training_ = was_training;
+    return out;
+  }
+
+  // One training step: forward, loss and its gradient, backward, optimizer update. Returns the loss.
+  // target holds integer labels for cross-entropy and values of the output's shape for the other losses.
+  template <class Loss, class Optimizer>
+  T train_step(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+               const Loss& loss, Optimizer& optimizer) {
+    T value = forward_backward(x, target, loss);
+    if (!optimizer.has_parameters()) optimizer.add_parameters(parameters());
+    optimizer.step();
+    return value;
+  }
+
+  // Forward, loss and backward without an update: the gradients are left in gradient_values().
+  template <class Loss>
+  T forward_backward(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+                     const Loss& loss) {
+    index_t batch = check_input(x, "Sequential::train_step");
+    check_target<Loss>(target, batch);
+    layer_context ctx{batch, true, nullptr};
+    run_forward(x.data(), ctx);
+    T value = loss.template forward_backward<Policy>(output_pointer(), target.data(), output_grad_, batch,
+                                                     output_shape::size);
+    run_backward(ctx);
+    return value;
+  }
+
+  // The loss on a batch in evaluation mode, without gradients.
+  template <class Loss>
+  T loss_value(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+               const Loss& loss) {
+    index_t batch = check_input(x, "Sequential::loss_value");
+    check_target<Loss>(target, batch);
+    layer_context ctx{batch, false, nullptr};
+    run_forward(x.data(), ctx);
+    return loss.template forward_backward<Policy>(output_pointer(), target.data(), static_cast<T*>(nullptr), batch,
+                                                  output_shape::size);
+  }
+
+  // What the optimizer updates: one slot for the whole flat buffer, or one per parameter tensor when
+  // options().flat_parameters is off.
+  std::vector<optim::parameter_slot<T>> parameters() {
+    if (options_.flat_parameters) return {{params_.data(), grads_.data(), flat_parameter_size, nullptr}};
+    std::vector<optim::parameter_slot<T>> slots;
+    for (auto& p : named_parameter_infos())
+      slots.push_back({params_.data() + p.offset, grads_.data() + p.offset, p.shape.numel(), nullptr});
+    return slots;
+  }
+
+  // Every parameter tensor with PyTorch's Sequential names ("1.weight"): a Dense with a fused activation counts as
+  // two modules, Linear then the activation, as in the equivalent torch.nn.Sequential. Offsets are into the flat
+  // buffer.
+  static std::vector<static_parameter_info> named_parameter_infos() {
+    std::vector<static_parameter_info> out;
+    int torch_index = 0;
+    for_each_layer([&]<std::size_t I>() {
+      if constexpr (detail::describes_parameters<bound<I>>) {
+        for (auto info : bound<I>::parameter_tensors()) {
+          info.name = std::to_string(torch_index) + "." + info.name;
+          info.offset += param_offsets[I];
+          out.push_back(info);
+        }
+      }
+      torch_index += 1;
+      if constexpr (detail::has_fused_activation<layer<I>>)
+        if (layer<I>::fused_activation != activation::identity) torch_index += 1;
+    });
+    return out;
+  }
+
+  // Copies of the parameters by name, PyTorch's state_dict layout.
+  std::vector<std::pair<std::string, Tensor<T>>> state_dict() const {
+    std::vector<std::pair<std::string, Tensor<T>>> out;
+    for (auto& p : named_parameter_infos())
+      out.emplace_back(p.name, Tensor<T>(tensor_view<const T>(params_.data() + p.offset, p.shape)));
+    return out;
+  }
+  // Loads parameters by name. Every name must be present with the right shape; all are checked before any is
+  // copied, so a failed load leaves the model unchanged.
+  template <class Dict>
+  void load_state_dict(const Dict& dict) {
+    auto infos = named_parameter_infos();
+    std::vector<const Tensor<T>*> sources;
+    for (auto& p : infos) {
+      const Tensor<T>* found = nullptr;
+      for (auto& [name, tensor] : dict)
+        if (name == p.name) found = &tensor;
+      if (!found) fail("Sequential::load_state_dict: missing parameter '", p.name, "' of shape ", p.shape);
+      if (!(found->shape() == p.shape))
+        fail("Sequential::load_state_dict: parameter '", p.name, "' expected shape ", p.shape, ", found ",
+             found->shape());
+      sources.push_back(found);
+    }
+    for (auto& [name, tensor] : dict) {
+      bool known = false;
+      for (auto& p : infos) known = known || p.name == name;
+      if (!known) fail("Sequential::load_state_dict: unexpected parameter '", name, "'");
+    }
+    for (std::size_t i = 0; i < infos.size(); ++i)
+      Policy::copy(sources[i]->data(), params_.data() + infos[i].offset, infos[i].shape.numel());
+  }
+
+  // The flat parameter and gradient buffers.
+  std::span<T> parameter_values() { return params_.span(); }
+  std::span<const T> parameter_values() const { return params_.span(); }
+  std::span<T> gradient_values() { return grads_.span(); }
+
+  // Number of parameters (without alignment padding).
+  static constexpr index_t parameter_count() {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return (index_t{0} + ... + bound<I>::param_count);
+    }(std::make_index_sequence<layer_count>{});
+  }
+
+  // One row per layer: the table behind Model::summary().
+  static std::vector<layer_summary> summary_rows() {
+    std::vector<layer_summary> rows;
+    for_each_layer([&]<std::size_t I>() {
+      using out = typename bound<I>::output;
+      rows.push_back({bound<I>::description(), out::batch_shape(1), bound<I>::param_count});
+    });
+    return rows;
+  }
+  // Bytes of activations, gradients and scratch planned at construction.
+  index_t workspace_bytes() const { return static_cast<index_t>(workspace_.size() * sizeof(T)); }
+
+ private:
+  template <class Body>
+  static void for_each_layer(Body&& body) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (body.template operator()<I>(), ...);
+    }(std::make_index_sequence<layer_count>{});
+  }
+
+  template <std::size_t... I>
+  void plan_workspace(std::index_sequence<I...>) {
+    index_t sizes[] = {(bound<I>::aliases_input ? 0 : detail::align_up(bound<I>::output::size * max_batch_, 16))...};
+    index_t scratch[] = {detail::align_up(bound<I>::scratch_per_sample * max_batch_, 16)...};
+    index_t total = 0;
+    for (std::size_t i = 0; i < layer_count; ++i) total += 2 * sizes[i] + scratch[i];
+    workspace_ = aligned_buffer<T>(total);
+    T* next = workspace_.data();
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      activations_[i] = sizes[i] ? next : nullptr;
+      next += sizes[i];
+      gradients_[i] = sizes[i] ? next : nullptr;
+      next += sizes[i];
+      scratch_[i] = scratch[i] ? next : nullptr;
+      next += scratch[i];
+    }
+    // The gradient each layer writes for its input: that of the nearest computing layer before it, or none.
+    T* current = nullptr;
+    bool aliases[] = {bound<I>::aliases_input...};
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      input_gradients_[i] = current;
+      if (!aliases[i]) current = gradients_[i];
+    }
+    output_grad_ = current;
+  }
+
+  void run_forward(const T* x, const layer_context& ctx) {
+    const T* in = x;
+    for_each_layer([&]<std::size_t I>() {
+      using B = bound<I>;
+      T* out = B::aliases_input ? const_cast<T*>(in) : activations_[I];
+      B::template forward<Policy>(params_.data() + param_offsets[I], in, out, scratch_[I], ctx,
+                                  options_.fuse_epilogues);
+      inputs_[I] = in;
+      outputs_[I] = out;
+      in = out;
+    });
+    output_ = in;
+  }
+
+  void run_backward(const layer_context& ctx) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (backward_layer<layer_count - 1 - I>(ctx), ...);
+    }(std::make_index_sequence<layer_count>{});
+  }
+  template <std::size_t I>
+  void backward_layer(const layer_context& ctx) {
+    using B = bound<I>;
+    if constexpr (!B::aliases_input) {
+      B::template backward<Policy>(params_.data() + param_offsets[I], inputs_[I], outputs_[I], gradients_[I],
+                                   input_gradients_[I], grads_.data() + param_offsets[I], scratch_[I], ctx);
+    }
+  }
+
+  const T* output_pointer() const { return output_; }
+
+  index_t check_input(const tensor_view<const T>& x, const char* where) const {
+    if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
+      fail(where, ": expected input of shape [batch, ", input_shape::str(), "] (", input_shape::size,
+           " values per sample), found ", x.shape());
+    index_t batch = x.extent(0);
+    if (batch < 1 || batch > max_batch_)
+      fail(where, ": expected a batch of 1 to ", max_batch_, " samples (the maximum this model was planned for), found ",
+           batch);
+    return batch;
+  }
+  template <class Loss, class Target>
+  void check_target(const tensor_view<const Target>& target, index_t batch) const {
+    index_t expected = std::is_integral_v<Target> ? batch : batch * output_shape::size;
+    if (target.numel() != expected)
+      fail(Loss::name, ": expected ", expected, std::is_integral_v<Target> ? " labels" : " target values",
+           " for a batch of ", batch, " with output ", output_shape::str(), ", found target of shape ",
+           target.shape());
+  }
+
+  index_t max_batch_;
+  static_options options_;
+  bool training_ = true;
+  Tensor<T> params_, grads_;
+  aligned_buffer<T> workspace_;
+  std::array<T*, layer_count> activations_{}, gradients_{}, scratch_{}, input_gradients_{};
+  std::array<const T*, layer_count> inputs_{};
+  std::array<T*, layer_count> outputs_{};
+  T* output_grad_ = nullptr;
+  const T* output_ = nullptr;
+};
+
+}  // namespace kiln
