@@ -1,0 +1,44 @@
+// A static training step allocates nothing after the first: all memory is planned at construction.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "kiln/kiln.hpp"
+
+namespace {
+std::atomic<long> allocations{0};
+}
+
+void* operator new(std::size_t bytes) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace kiln;
+
+TEST_CASE("no heap allocation in a static training step after the first") {
+  using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+  Net net(64, 42);
+  Tensor<float> x(shape{64, 28, 28}, 0.1f);
+  Tensor<std::int64_t> labels(shape{64}, 3);
+  for (int i = 0; i < 64; ++i) labels[i] = i % 10;
+  optim::Adam adam({.lr = 1e-3});
+  optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
+  net.train_step(x, labels, loss::cross_entropy{}, adam);
+  net.train_step(x.rows(0, 17), labels.rows(0, 17), loss::cross_entropy{}, adam);  // a smaller last batch
+  long before = allocations.load();
+  for (int step = 0; step < 5; ++step) {
+    net.train_step(x, labels, loss::cross_entropy{}, adam);
+    net.train_step(x.rows(0, 17), labels.rows(0, 17), loss::cross_entropy{}, adam);
+  }
+  CHECK(allocations.load() - before == 0);
+  net.train_step(x, labels, loss::cross_entropy{}, sgd);
+  before = allocations.load();
+  for (int step = 0; step < 5; ++step) net.train_step(x, labels, loss::cross_entropy{}, sgd);
+  CHECK(allocations.load() - before == 0);
+}

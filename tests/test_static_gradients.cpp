@@ -1,0 +1,108 @@
+// Static mode in double precision: every layer's backward checked against central finite differences through whole
+// models, fused and unfused epilogues giving the same numbers, and flat versus per-tensor parameter slots.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "kiln/kiln.hpp"
+
+using namespace kiln;
+
+namespace {
+
+// Checks d(loss)/d(parameter) for every parameter of a static model against (L(p + h) - L(p - h)) / 2h.
+template <class Net, class Loss, class Target>
+void check_parameter_gradients(Net& net, const Tensor<double>& x, const Tensor<Target>& target, const Loss& loss) {
+  net.forward_backward(x, target, loss);
+  std::vector<double> analytic(net.gradient_values().begin(), net.gradient_values().end());
+  auto params = net.parameter_values();
+  const double h = 1e-6;
+  double worst = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    double saved = params[i];
+    params[i] = saved + h;
+    double up = net.loss_value(x, target, loss);
+    params[i] = saved - h;
+    double down = net.loss_value(x, target, loss);
+    params[i] = saved;
+    double numeric = (up - down) / (2 * h);
+    double error = std::abs(numeric - analytic[i]) / std::max(1.0, std::abs(numeric));
+    worst = std::max(worst, error);
+  }
+  CHECK(worst < 1e-6);
+}
+
+template <class Net>
+Tensor<double> random_input(index_t batch, std::uint64_t seed) {
+  random_generator rng(seed);
+  Tensor<double> x(Net::input_shape::batch_shape(batch));
+  for (auto& v : x.span()) v = rng.normal<double>();
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("gradients of Dense with every fused activation, Flatten, and MSE") {
+  using Net = Sequential<policy::cpu, InputOf<double, 2, 3>, Flatten, Dense<5, Tanh>, Dense<4, GELU>,
+                         Dense<4, LeakyReLU<0.1>>, Dense<4, Sigmoid>, Dense<3, ReLU>, Dense<2>>;
+  for (bool fuse : {true, false}) {
+    Net net(4, 11, {.fuse_epilogues = fuse});
+    auto x = random_input<Net>(4, 2);
+    Tensor<double> y(shape{4, 2}, 0.25);
+    check_parameter_gradients(net, x, y, loss::mse{});
+    check_parameter_gradients(net, x, y, loss::mse{.reduce = reduction::sum});
+  }
+}
+
+TEST_CASE("gradients of standalone activations, softmax over both dims, and every loss") {
+  using Net = Sequential<policy::cpu, InputOf<double, 3>, Dense<4>, Tanh, Dense<4>, GELU, Dense<4>, Sigmoid,
+                         Dense<4>, LeakyReLU<0.2>, Dense<4>, ReLU, Dense<5>, Softmax<1>, Dense<3>, Softmax<0>,
+                         Dense<3>, LogSoftmax<0>, Dense<3>, LogSoftmax<1>, Dense<3>>;
+  Net net(3, 5);
+  auto x = random_input<Net>(3, 3);
+  Tensor<std::int64_t> labels(shape{3}, {2, 0, 1});
+  check_parameter_gradients(net, x, labels, loss::cross_entropy{});
+  check_parameter_gradients(net, x, labels, loss::cross_entropy{.reduce = reduction::sum});
+  Tensor<double> probabilities(shape{3, 3}, {0.1, 0.9, 0.5, 1, 0, 0.3, 0.7, 0.2, 0.4});
+  check_parameter_gradients(net, x, probabilities, loss::bce_with_logits{});
+}
+
+TEST_CASE("fused and unfused epilogues give bit-identical training") {
+  using Net = Sequential<policy::cpu, Input<20>, Dense<32, ReLU>, Dense<16, LeakyReLU<>>, Dense<3>>;
+  Net fused(16, 3, {.fuse_epilogues = true}), unfused(16, 3, {.fuse_epilogues = false, .flat_parameters = false});
+  random_generator rng(9);
+  Tensor<float> x(shape{16, 20});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  Tensor<std::int64_t> labels(shape{16});
+  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
+  optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
+  for (int step = 0; step < 20; ++step) {
+    float a = fused.train_step(x, labels, loss::cross_entropy{}, opt_fused);
+    float b = unfused.train_step(x, labels, loss::cross_entropy{}, opt_unfused);
+    REQUIRE(a == b);
+  }
+  CHECK(opt_unfused.slots().size() == 6);
+  CHECK(opt_fused.slots().size() == 1);
+}
+
+TEST_CASE("state_dict round trip and load errors leave the model unchanged") {
+  using Net = Sequential<policy::cpu, Input<3>, Dense<4, ReLU>, Dense<2>>;
+  Net a(2, 1), b(2, 2);
+  b.load_state_dict(a.state_dict());
+  for (std::size_t i = 0; i < a.parameter_values().size(); ++i) CHECK(a.parameter_values()[i] == b.parameter_values()[i]);
+  auto dict = a.state_dict();
+  CHECK(dict[0].first == "0.weight");
+  CHECK(dict[2].first == "2.weight");
+  Net c(2, 3);
+  std::vector<float> before(c.parameter_values().begin(), c.parameter_values().end());
+  auto wrong = dict;
+  wrong[3].second = Tensor<float>(shape{3});
+  CHECK_THROWS_WITH_AS(c.load_state_dict(wrong), doctest::Contains("2.bias"), kiln::error);
+  wrong = dict;
+  wrong.pop_back();
+  CHECK_THROWS_AS(c.load_state_dict(wrong), kiln::error);
+  wrong = dict;
+  wrong.emplace_back("9.weight", Tensor<float>(shape{1}));
+  CHECK_THROWS_WITH_AS(c.load_state_dict(wrong), doctest::Contains("unexpected"), kiln::error);
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(c.parameter_values()[i] == before[i]);
+}
