@@ -33,8 +33,8 @@ class shape {
   constexpr int rank() const { return rank_; }
   constexpr index_t operator[](int dim) const { return extents_[dim]; }
   constexpr index_t& operator[](int dim) { return extents_[dim]; }
-  constexpr const index_t* begin() const { return extents_.data(); }
-  constexpr const index_t* end() const { return extents_.data() + rank_; }
+  constexpr const index_t* begin() const { return extents_; }
+  constexpr const index_t* end() const { return extents_ + rank_; }
 
   // Number of elements; 1 for rank 0.
   constexpr index_t numel() const {
@@ -85,7 +85,7 @@ class shape {
   }
 
  private:
-  std::array<index_t, max_rank> extents_{};
+  index_t extents_[max_rank] = {};
   int rank_ = 0;
 };
 
