@@ -1,0 +1,22 @@
+# Installs kiln from BUILD_DIR into a scratch prefix, then configures, builds and runs the consumer against it.
+set(prefix ${WORK_DIR}/prefix)
+file(REMOVE_RECURSE ${WORK_DIR})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} RESULT_VARIABLE r OUTPUT_QUIET)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "cmake --install failed")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${prefix}
+                        -DCMAKE_BUILD_TYPE=Release RESULT_VARIABLE r OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "configuring the consumer failed:\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE r OUTPUT_VARIABLE out
+                        ERROR_VARIABLE err)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "building the consumer failed:\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE r)
+if(NOT r EQUAL 0)
+  message(FATAL_ERROR "the consumer ran but its model did not learn")
+endif()
+message(STATUS "find_package(kiln CONFIG) after cmake --install works")
