@@ -129,6 +129,9 @@ class Sequential {
     return {output_pointer(), output_shape::batch_shape(batch)};
   }
 
+  // The output of the last forward pass (train_step included), still in the workspace.
+  tensor_view<const T> last_output() const { return {output_, output_shape::batch_shape(last_batch_)}; }
+
   // Forward in evaluation mode for any number of samples (processed in chunks of max_batch), into a new tensor.
   Tensor<T> predict(tensor_view<const T> x) {
     if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
@@ -307,6 +310,7 @@ class Sequential {
   }
 
   void run_forward(const T* x, const layer_context& ctx) {
+    last_batch_ = ctx.batch;
     const T* in = x;
     for_each_layer([&]<std::size_t I>() {
       using B = bound<I>;
@@ -365,6 +369,7 @@ class Sequential {
   std::array<T*, layer_count> outputs_{};
   T* output_grad_ = nullptr;
   const T* output_ = nullptr;
+  index_t last_batch_ = 0;
 };
 
 }  // namespace kiln

@@ -1,0 +1,294 @@
+// Callbacks for Model::fit: EarlyStopping, ModelCheckpoint, CSVLogger, learning-rate schedules (step, cosine),
+// ReduceLROnPlateau and LambdaCallback. A callback sees the epoch logs and steers training through training_control.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/io/atomic_file.hpp"
+#include "kiln/train/logs.hpp"
+
+namespace kiln::train {
+
+// A model's weights by name, as state_dict() gives them.
+using weight_snapshot = std::vector<std::pair<std::string, Tensor<float>>>;
+
+// What a callback may do to the training run it observes.
+class training_control {
+ public:
+  virtual ~training_control() = default;
+  virtual double lr() const = 0;
+  virtual void set_lr(double lr) = 0;
+  virtual void request_stop() = 0;
+  virtual weight_snapshot weights() const = 0;
+  virtual void set_weights(const weight_snapshot& weights) = 0;
+};
+
+// The base of all callbacks; every hook does nothing unless overridden. Epochs count from 0.
+class callback {
+ public:
+  virtual ~callback() = default;
+  virtual void on_train_begin(training_control&) {}
+  virtual void on_epoch_begin(int /*epoch*/, training_control&) {}
+  virtual void on_batch_end(long long /*batch*/, const logs&, training_control&) {}
+  virtual void on_epoch_end(int /*epoch*/, logs&, training_control&) {}
+  virtual void on_train_end(training_control&) {}
+};
+
+// Whether a monitored quantity improves by going down (losses, errors) or up (accuracies).
+enum class monitor_mode { automatic, min, max };
+
+namespace detail {
+inline bool lower_is_better(const std::string& monitor, monitor_mode mode) {
+  if (mode != monitor_mode::automatic) return mode == monitor_mode::min;
+  return monitor.find("acc") == std::string::npos;
+}
+inline double monitored(const logs& l, const std::string& monitor, const char* who) {
+  auto v = l.get(monitor);
+  if (!v) {
+    std::string known;
+    for (auto& [k, value] : l.entries()) {
+      if (!known.empty()) known += ", ";
+      known += k;
+    }
+    fail(who, ": the monitored quantity '", monitor, "' is not in the epoch logs (found: ", known, ")");
+  }
+  return *v;
+}
+}  // namespace detail
+
+// Tracks the best value of a monitored quantity; the shared part of EarlyStopping, ModelCheckpoint and
+// ReduceLROnPlateau.
+class best_tracker {
+ public:
+  best_tracker(std::string monitor, monitor_mode mode, double min_delta)
+      : monitor_(std::move(monitor)), lower_(detail::lower_is_better(monitor_, mode)), min_delta_(min_delta) {
+    reset();
+  }
+  void reset() { best_ = lower_ ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity(); }
+  // True when value beats the best so far by more than min_delta (and becomes the new best).
+  bool improved(double value) {
+    bool better = lower_ ? value < best_ - min_delta_ : value > best_ + min_delta_;
+    if (better) best_ = value;
+    return better;
+  }
+  double best() const { return best_; }
+  const std::string& monitor() const { return monitor_; }
+
+ private:
+  std::string monitor_;
+  bool lower_;
+  double min_delta_;
+  double best_ = 0;
+};
+
+// EarlyStopping's settings, with Keras' defaults.
+struct early_stopping_options {
+  std::string monitor = "val_loss";
+  int patience = 0;
+  double min_delta = 0.0;
+  monitor_mode mode = monitor_mode::automatic;
+  bool restore_best_weights = false;
+};
+
+// Stops training when the monitored quantity has not improved for `patience` epochs; optionally restores the
+// weights of the best epoch.
+class EarlyStopping : public callback {
+ public:
+  using options = early_stopping_options;
+  explicit EarlyStopping(options o = {}) : options_(std::move(o)), best_(options_.monitor, options_.mode, options_.min_delta) {}
+
+  void on_train_begin(training_control&) override {
+    best_.reset();
+    wait_ = 0;
+    stopped_epoch_ = -1;
+    best_epoch_ = -1;
+  }
+  void on_epoch_end(int epoch, logs& l, training_control& control) override {
+    double value = detail::monitored(l, options_.monitor, "EarlyStopping");
+    if (best_.improved(value)) {
+      wait_ = 0;
+      best_epoch_ = epoch;
+      if (options_.restore_best_weights) best_weights_ = control.weights();
+      return;
+    }
+    if (++wait_ > options_.patience) {
+      stopped_epoch_ = epoch;
+      control.request_stop();
+      if (options_.restore_best_weights && !best_weights_.empty()) control.set_weights(best_weights_);
+    }
+  }
+  // The epoch at which training was stopped, or -1.
+  int stopped_epoch() const { return stopped_epoch_; }
+  int best_epoch() const { return best_epoch_; }
+  double best_value() const { return best_.best(); }
+
+ private:
+  options options_;
+  best_tracker best_;
+  int wait_ = 0, stopped_epoch_ = -1, best_epoch_ = -1;
+  weight_snapshot best_weights_;
+};
+
+// ModelCheckpoint's settings.
+struct model_checkpoint_options {
+  std::string monitor = "val_loss";
+  monitor_mode mode = monitor_mode::automatic;
+  bool save_best_only = true;
+};
+
+// Keeps the weights of the best epoch (by the monitored quantity) in memory; best_weights() hands them out. Writing
+// them to a file comes with the weights file format.
+class ModelCheckpoint : public callback {
+ public:
+  using options = model_checkpoint_options;
+  explicit ModelCheckpoint(options o = {}) : options_(std::move(o)), best_(options_.monitor, options_.mode, 0.0) {}
+
+  void on_train_begin(training_control&) override { best_.reset(); }
+  void on_epoch_end(int epoch, logs& l, training_control& control) override {
+    double value = detail::monitored(l, options_.monitor, "ModelCheckpoint");
+    if (best_.improved(value) || !options_.save_best_only) {
+      weights_ = control.weights();
+      epoch_ = epoch;
+    }
+  }
+  const weight_snapshot& best_weights() const { return weights_; }
+  int best_epoch() const { return epoch_; }
+
+ private:
+  options options_;
+  best_tracker best_;
+  weight_snapshot weights_;
+  int epoch_ = -1;
+};
+
+// Appends each epoch's logs to a CSV file (rewritten through a temporary file each epoch, so it is always whole).
+class CSVLogger : public callback {
+ public:
+  explicit CSVLogger(std::string path) : path_(std::move(path)) {}
+  void on_train_begin(training_control&) override { rows_.clear(); }
+  void on_epoch_end(int epoch, logs& l, training_control&) override {
+    rows_.emplace_back(epoch, l);
+    std::vector<std::string> keys;
+    for (auto& [e, row] : rows_)
+      for (auto& [k, v] : row.entries())
+        if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+    std::ostringstream out;
+    out.precision(9);
+    out << "epoch";
+    for (auto& k : keys) out << ',' << k;
+    out << '\n';
+    for (auto& [e, row] : rows_) {
+      out << e;
+      for (auto& k : keys) {
+        out << ',';
+        if (auto v = row.get(k)) out << *v;
+      }
+      out << '\n';
+    }
+    io::write_file_atomically(path_, out.str());
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::pair<int, logs>> rows_;
+};
+
+// Sets the learning rate at the start of every epoch from a schedule: lr = schedule(epoch, initial lr).
+class LearningRateScheduler : public callback {
+ public:
+  using schedule_fn = std::function<double(int epoch, double initial_lr)>;
+  explicit LearningRateScheduler(schedule_fn schedule) : schedule_(std::move(schedule)) {}
+
+  // Multiplies the rate by gamma every step_size epochs (PyTorch's StepLR).
+  static LearningRateScheduler step(int step_size, double gamma) {
+    if (step_size <= 0) fail("LearningRateScheduler::step: expected step_size > 0, found ", step_size);
+    return LearningRateScheduler([=](int epoch, double lr0) { return lr0 * std::pow(gamma, epoch / step_size); });
+  }
+  // Cosine annealing from the initial rate to min_lr over t_max epochs (PyTorch's CosineAnnealingLR).
+  static LearningRateScheduler cosine(int t_max, double min_lr = 0.0) {
+    if (t_max <= 0) fail("LearningRateScheduler::cosine: expected t_max > 0, found ", t_max);
+    return LearningRateScheduler([=](int epoch, double lr0) {
+      return min_lr + (lr0 - min_lr) * (1 + std::cos(std::numbers::pi * std::min(epoch, t_max) / t_max)) / 2;
+    });
+  }
+
+  void on_train_begin(training_control& control) override { initial_ = control.lr(); }
+  void on_epoch_begin(int epoch, training_control& control) override { control.set_lr(schedule_(epoch, initial_)); }
+  void on_epoch_end(int, logs& l, training_control& control) override { l.set("lr", control.lr()); }
+
+ private:
+  schedule_fn schedule_;
+  double initial_ = 0;
+};
+
+// ReduceLROnPlateau's settings, with Keras' defaults.
+struct reduce_lr_on_plateau_options {
+  std::string monitor = "val_loss";
+  double factor = 0.1;
+  int patience = 10;
+  double min_delta = 1e-4;
+  double min_lr = 0.0;
+  int cooldown = 0;
+  monitor_mode mode = monitor_mode::automatic;
+};
+
+// Multiplies the learning rate by factor when the monitored quantity has not improved for patience epochs.
+class ReduceLROnPlateau : public callback {
+ public:
+  using options = reduce_lr_on_plateau_options;
+  explicit ReduceLROnPlateau(options o = {}) : options_(std::move(o)), best_(options_.monitor, options_.mode, options_.min_delta) {
+    if (options_.factor <= 0 || options_.factor >= 1)
+      fail("ReduceLROnPlateau: expected 0 < factor < 1, found ", options_.factor);
+  }
+  void on_train_begin(training_control&) override {
+    best_.reset();
+    wait_ = cooldown_left_ = 0;
+  }
+  void on_epoch_end(int, logs& l, training_control& control) override {
+    double value = detail::monitored(l, options_.monitor, "ReduceLROnPlateau");
+    if (cooldown_left_ > 0) --cooldown_left_;
+    if (best_.improved(value)) {
+      wait_ = 0;
+    } else if (cooldown_left_ == 0 && ++wait_ >= options_.patience) {
+      control.set_lr(std::max(control.lr() * options_.factor, options_.min_lr));
+      cooldown_left_ = options_.cooldown;
+      wait_ = 0;
+    }
+    l.set("lr", control.lr());
+  }
+
+ private:
+  options options_;
+  best_tracker best_;
+  int wait_ = 0, cooldown_left_ = 0;
+};
+
+// A callback from lambdas, for anything the others don't do.
+class LambdaCallback : public callback {
+ public:
+  std::function<void(int, training_control&)> epoch_begin;
+  std::function<void(int, logs&, training_control&)> epoch_end;
+  std::function<void(long long, const logs&, training_control&)> batch_end;
+
+  void on_epoch_begin(int epoch, training_control& c) override {
+    if (epoch_begin) epoch_begin(epoch, c);
+  }
+  void on_epoch_end(int epoch, logs& l, training_control& c) override {
+    if (epoch_end) epoch_end(epoch, l, c);
+  }
+  void on_batch_end(long long batch, const logs& l, training_control& c) override {
+    if (batch_end) batch_end(batch, l, c);
+  }
+};
+
+}  // namespace kiln::train

@@ -1,0 +1,346 @@
+// kiln::Model: Keras' compile / fit / evaluate / predict / summary for a model of either mode.
+#pragma once
+
+#include <chrono>
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/policy.hpp"
+#include "kiln/train/callbacks.hpp"
+#include "kiln/train/history.hpp"
+#include "kiln/train/metrics.hpp"
+#include "kiln/train/model_access.hpp"
+#include "kiln/train/progress_bar.hpp"
+
+namespace kiln {
+
+// Features and targets held in memory: x is (N, ...) floats, y is (N) integer labels or (N, ...) real targets.
+template <class Target>
+struct labelled_data {
+  tensor_view<const float> x;
+  tensor_view<const Target> y;
+};
+template <class Target>
+labelled_data(const Tensor<float>&, const Tensor<Target>&) -> labelled_data<Target>;
+
+// Options of Model::fit, as Keras names them.
+template <class Target>
+struct fit_options {
+  int epochs = 1;
+  index_t batch_size = 32;
+  bool shuffle = true;
+  // Held-out data evaluated after every epoch; or, when absent, the last validation_split of the training data.
+  std::optional<labelled_data<Target>> validation_data{};
+  double validation_split = 0.0;
+  std::vector<std::shared_ptr<train::callback>> callbacks{};
+  int verbose = 1;  // 0: silent; 1: progress bar
+  std::uint64_t seed = 0;  // shuffling order: epoch e uses random_generator(seed).fork(e)
+};
+
+// Where the time of the last fit went: assembling batches (the data pipeline) versus training steps.
+struct fit_timing {
+  double data_seconds = 0, step_seconds = 0, eval_seconds = 0;
+  long long steps = 0;
+  double step_microseconds() const { return steps ? step_seconds * 1e6 / double(steps) : 0.0; }
+};
+
+// Loss and metrics of Model::evaluate.
+struct evaluation {
+  double loss = 0;
+  train::logs metrics;
+  double operator[](const std::string& name) const { return name == "loss" ? loss : metrics.get(name).value_or(0); }
+};
+
+// A model of either mode with Keras' training interface. The wrapped model is referenced, not copied.
+template <class Net>
+class Model {
+  using access = train::model_access<Net>;
+
+ public:
+  explicit Model(Net& net) : net_(net) {}
+
+  // Chooses the optimizer (taken by value; it is given the model's parameters), the loss and the metrics.
+  template <class Optimizer, class Loss>
+  void compile(Optimizer optimizer, Loss loss, std::vector<metric::metric_spec> metrics = {}) {
+    auto opt = std::make_shared<Optimizer>(std::move(optimizer));
+    if (!opt->has_parameters()) opt->add_parameters(access::parameters(net_));
+    using target = typename Loss::template target_type<float>;
+    compiled_ = std::make_shared<compiled_state>();
+    compiled_->wants_labels = std::is_integral_v<target>;
+    compiled_->loss_name = Loss::name;
+    compiled_->get_lr = [opt] { return opt->lr(); };
+    compiled_->set_lr = [opt](double lr) { opt->set_lr(lr); };
+    compiled_->train_labels = [this, opt, loss](tensor_view<const float> x, tensor_view<const std::int64_t> y) {
+      if constexpr (std::is_integral_v<target>) return access::train_batch(net_, x, y, loss, *opt);
+      else return wrong_target<float>();
+    };
+    compiled_->train_values = [this, opt, loss](tensor_view<const float> x, tensor_view<const float> y) {
+      if constexpr (!std::is_integral_v<target>) return access::train_batch(net_, x, y, loss, *opt);
+      else return wrong_target<float>();
+    };
+    compiled_->eval_labels = [this, loss](tensor_view<const float> x, tensor_view<const std::int64_t> y) {
+      if constexpr (std::is_integral_v<target>) return access::eval_batch(net_, x, y, loss);
+      else return wrong_target<float>();
+    };
+    compiled_->eval_values = [this, loss](tensor_view<const float> x, tensor_view<const float> y) {
+      if constexpr (!std::is_integral_v<target>) return access::eval_batch(net_, x, y, loss);
+      else return wrong_target<float>();
+    };
+    metrics_ = std::move(metrics);
+  }
+
+  // Trains for options.epochs epochs over (x, y) and returns the per-epoch history.
+  template <class Target>
+  train::history fit(const Tensor<float>& x, const Tensor<Target>& y, fit_options<Target> options = {}) {
+    return fit(labelled_data<Target>{x, y}, std::move(options));
+  }
+  template <class Target>
+  train::history fit(labelled_data<Target> data, fit_options<Target> options = {}) {
+    require_compiled("fit");
+    check_data(data, "fit");
+    if (options.batch_size < 1 || options.batch_size > access::max_batch(net_))
+      fail("Model::fit: expected a batch size of 1 to ", access::max_batch(net_),
+           " (the model's maximum batch), found ", options.batch_size);
+    if (options.epochs < 0) fail("Model::fit: expected epochs >= 0, found ", options.epochs);
+    std::optional<labelled_data<Target>> validation = options.validation_data;
+    if (!validation && options.validation_split > 0) {
+      if (options.validation_split >= 1)
+        fail("Model::fit: expected validation_split in [0, 1), found ", options.validation_split);
+      index_t n = data.x.extent(0);
+      index_t held = static_cast<index_t>(static_cast<double>(n) * options.validation_split);
+      if (held < 1 || held >= n) fail("Model::fit: validation_split ", options.validation_split, " of ", n,
+                                      " samples leaves no training or no validation data");
+      validation = labelled_data<Target>{data.x.rows(n - held, held), data.y.rows(n - held, held)};
+      data = labelled_data<Target>{data.x.rows(0, n - held), data.y.rows(0, n - held)};
+    }
+    if (validation) check_data(*validation, "fit (validation data)");
+
+    train::history history;
+    timing_ = {};
+    stop_requested_ = false;
+    control control_impl(*this);
+    for (auto& cb : options.callbacks) cb->on_train_begin(control_impl);
+
+    index_t n = data.x.extent(0), batch = options.batch_size;
+    long long steps = (n + batch - 1) / batch;
+    index_t sample = data.x.shape().row_size();
+    index_t target_row = data.y.shape().row_size();
+    Tensor<float> x_batch(data.x.shape().with_batch(batch));
+    Tensor<Target> y_batch(data.y.shape().with_batch(batch));
+    std::vector<index_t> order(static_cast<std::size_t>(n));
+    train::progress_bar bar(std::cout, options.verbose > 0 && ::isatty(STDOUT_FILENO) != 0);
+    std::vector<metric::accumulator> running;
+    for (auto& spec : metrics_) running.emplace_back(spec);
+
+    for (int epoch = 0; epoch < options.epochs && !stop_requested_; ++epoch) {
+      for (auto& cb : options.callbacks) cb->on_epoch_begin(epoch, control_impl);
+      for (index_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+      if (options.shuffle) {
+        random_generator rng = random_generator(options.seed).fork(static_cast<std::uint64_t>(epoch));
+        for (index_t i = n - 1; i > 0; --i)
+          std::swap(order[static_cast<std::size_t>(i)], order[rng.below(static_cast<std::uint64_t>(i + 1))]);
+      }
+      if (options.verbose > 0) bar.begin_epoch(epoch + 1, options.epochs, steps);
+      for (auto& m : running) m.reset();
+      double loss_sum = 0;
+      index_t seen = 0;
+      train::logs step_logs;
+      auto epoch_start = clock::now();
+      for (long long step = 0; step < steps; ++step) {
+        index_t first = step * batch, count = std::min(batch, n - first);
+        auto t0 = clock::now();
+        for (index_t r = 0; r < count; ++r) {
+          index_t src = order[static_cast<std::size_t>(first + r)];
+          std::copy_n(data.x.data() + src * sample, sample, x_batch.data() + r * sample);
+          std::copy_n(data.y.data() + src * target_row, target_row, y_batch.data() + r * target_row);
+        }
+        auto t1 = clock::now();
+        tensor_view<const float> xb = x_batch.rows(0, count);
+        tensor_view<const Target> yb = y_batch.rows(0, count);
+        float loss = train_batch(xb, yb);
+        auto t2 = clock::now();
+        timing_.data_seconds += seconds(t1 - t0);
+        timing_.step_seconds += seconds(t2 - t1);
+        ++timing_.steps;
+        loss_sum += double(loss) * double(count);
+        seen += count;
+        update_metrics(running, yb, count);
+        if (options.verbose > 0 || !options.callbacks.empty()) {
+          step_logs.set("loss", loss_sum / double(seen));
+          for (auto& m : running) step_logs.set(m.name(), m.result());
+          if (options.verbose > 0) bar.update(step + 1, step_logs);
+          for (auto& cb : options.callbacks) cb->on_batch_end(step, step_logs, control_impl);
+        }
+      }
+      train::logs epoch_logs;
+      epoch_logs.set("loss", seen ? loss_sum / double(seen) : 0.0);
+      for (auto& m : running) epoch_logs.set(m.name(), m.result());
+      if (validation) {
+        auto t0 = clock::now();
+        evaluation v = evaluate(*validation, batch);
+        timing_.eval_seconds += seconds(clock::now() - t0);
+        epoch_logs.set("val_loss", v.loss);
+        for (auto& [k, value] : v.metrics.entries()) {
+          std::string key = "val_";
+          key += k;
+          epoch_logs.set(key, value);
+        }
+      }
+      epoch_logs.set("epoch_seconds", seconds(clock::now() - epoch_start));
+      for (auto& cb : options.callbacks) cb->on_epoch_end(epoch, epoch_logs, control_impl);
+      if (options.verbose > 0) {
+        train::logs shown;
+        for (auto& [k, value] : epoch_logs.entries())
+          if (k != "epoch_seconds") shown.set(k, value);
+        bar.end_epoch(shown);
+      }
+      history.record(epoch_logs);
+    }
+    for (auto& cb : options.callbacks) cb->on_train_end(control_impl);
+    return history;
+  }
+
+  // Loss and metrics over data, in evaluation mode, batch by batch.
+  template <class Target>
+  evaluation evaluate(const Tensor<float>& x, const Tensor<Target>& y, index_t batch_size = 0) {
+    return evaluate(labelled_data<Target>{x, y}, batch_size);
+  }
+  template <class Target>
+  evaluation evaluate(labelled_data<Target> data, index_t batch_size = 0) {
+    require_compiled("evaluate");
+    check_data(data, "evaluate");
+    index_t batch = batch_size > 0 ? std::min(batch_size, access::max_batch(net_)) : access::max_batch(net_);
+    std::vector<metric::accumulator> acc;
+    for (auto& spec : metrics_) acc.emplace_back(spec);
+    double loss_sum = 0;
+    index_t n = data.x.extent(0);
+    for (index_t first = 0; first < n; first += batch) {
+      index_t count = std::min(batch, n - first);
+      auto xb = data.x.rows(first, count);
+      auto yb = data.y.rows(first, count);
+      float loss;
+      if constexpr (std::is_integral_v<Target>) loss = compiled_->eval_labels(xb, yb);
+      else loss = compiled_->eval_values(xb, yb);
+      loss_sum += double(loss) * double(count);
+      update_metrics(acc, yb, count);
+    }
+    evaluation result;
+    result.loss = n ? loss_sum / double(n) : 0.0;
+    for (auto& m : acc) result.metrics.set(m.name(), m.result());
+    return result;
+  }
+
+  // The model's outputs for x, in evaluation mode.
+  Tensor<float> predict(tensor_view<const float> x) { return access::predict(net_, x); }
+
+  // Prints a table of layers, output shapes and parameter counts, with totals.
+  void summary(std::ostream& out = std::cout) const {
+    auto rows = access::summary_rows(net_);
+    std::size_t name_w = 20, shape_w = 18;
+    for (auto& r : rows) name_w = std::max(name_w, r.name.size() + 2);
+    auto rule = [&](char c) { out << std::string(name_w + shape_w + 14, c) << '\n'; };
+    out << "Model (" << access::mode << " mode)\n";
+    rule('_');
+    out << std::left << std::setw(int(name_w)) << "Layer (type)" << std::setw(int(shape_w)) << "Output Shape"
+        << std::right << std::setw(14) << "Param #" << '\n';
+    rule('=');
+    for (auto& r : rows) {
+      std::ostringstream shape_text;
+      shape_text << "(None";
+      for (int d = 1; d < r.output_shape.rank(); ++d) shape_text << ", " << r.output_shape[d];
+      shape_text << ')';
+      out << std::left << std::setw(int(name_w)) << r.name << std::setw(int(shape_w)) << shape_text.str()
+          << std::right << std::setw(14) << r.parameters << '\n';
+    }
+    rule('=');
+    index_t trainable = access::trainable_parameters(net_), frozen = access::non_trainable_parameters(net_);
+    out << "Total params: " << trainable + frozen << "\nTrainable params: " << trainable
+        << "\nNon-trainable params: " << frozen << '\n';
+    rule('_');
+  }
+
+  // Where the time of the last fit went.
+  const fit_timing& timing() const { return timing_; }
+  Net& net() { return net_; }
+  double lr() const { return compiled_ ? compiled_->get_lr() : 0.0; }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  static double seconds(clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+  struct compiled_state {
+    bool wants_labels = true;
+    std::string loss_name;
+    std::function<double()> get_lr;
+    std::function<void(double)> set_lr;
+    std::function<float(tensor_view<const float>, tensor_view<const std::int64_t>)> train_labels, eval_labels;
+    std::function<float(tensor_view<const float>, tensor_view<const float>)> train_values, eval_values;
+  };
+
+  // What callbacks may steer: the learning rate, stopping, and the weights.
+  class control : public train::training_control {
+   public:
+    explicit control(Model& m) : model_(m) {}
+    double lr() const override { return model_.compiled_->get_lr(); }
+    void set_lr(double lr) override { model_.compiled_->set_lr(lr); }
+    void request_stop() override { model_.stop_requested_ = true; }
+    train::weight_snapshot weights() const override { return access::weights(model_.net_); }
+    void set_weights(const train::weight_snapshot& w) override { access::set_weights(model_.net_, w); }
+
+   private:
+    Model& model_;
+  };
+
+  template <class R>
+  R wrong_target() const {
+    fail("Model: the loss '", compiled_->loss_name, "' expects ",
+         compiled_->wants_labels ? "integer class labels" : "real-valued targets", ", but the data holds ",
+         compiled_->wants_labels ? "real-valued targets" : "integer labels");
+  }
+  template <class Target>
+  float train_batch(tensor_view<const float> x, tensor_view<const Target> y) {
+    if constexpr (std::is_integral_v<Target>) return compiled_->train_labels(x, y);
+    else return compiled_->train_values(x, y);
+  }
+  template <class Target>
+  void update_metrics(std::vector<metric::accumulator>& acc, tensor_view<const Target> y, index_t count) {
+    if (acc.empty()) return;
+    auto out = access::last_output(net_);
+    metric::batch_view view{out.data(), count, access::output_size(net_), nullptr, nullptr};
+    if constexpr (std::is_integral_v<Target>) view.labels = y.data();
+    else view.targets = y.data();
+    for (auto& m : acc) m.update(view);
+  }
+  void require_compiled(const char* where) const {
+    if (!compiled_) fail("Model::", where, ": call compile(optimizer, loss, metrics) first");
+  }
+  template <class Target>
+  void check_data(const labelled_data<Target>& d, const char* where) const {
+    if (d.x.rank() < 1 || d.x.shape().row_size() != access::input_size(net_))
+      fail("Model::", where, ": expected inputs of shape [N, ", access::input_size(net_),
+           " values per sample], found ", d.x.shape());
+    if (d.y.rank() < 1 || d.y.extent(0) != d.x.extent(0))
+      fail("Model::", where, ": expected as many targets as inputs (", d.x.extent(0), "), found targets of shape ",
+           d.y.shape());
+  }
+
+  Net& net_;
+  std::shared_ptr<compiled_state> compiled_;
+  std::vector<metric::metric_spec> metrics_;
+  fit_timing timing_;
+  bool stop_requested_ = false;
+};
+
+}  // namespace kiln

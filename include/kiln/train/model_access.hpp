@@ -1,0 +1,51 @@
+// model_access<Net>: what kiln::Model needs from a model, for each mode. The static specialisation lives here; the
+// dynamic one in train/dynamic_access.hpp. A new kind of model joins Model by specialising this template.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kiln/static/sequential.hpp"
+#include "kiln/train/callbacks.hpp"
+
+namespace kiln::train {
+
+template <class Net>
+struct model_access;
+
+template <class Policy, class InputSpec, class... Layers>
+struct model_access<Sequential<Policy, InputSpec, Layers...>> {
+  using net_type = Sequential<Policy, InputSpec, Layers...>;
+  static_assert(std::is_same_v<typename net_type::value_type, float>, "kiln::Model trains float models");
+  static constexpr const char* mode = "static";
+
+  static index_t input_size(const net_type&) { return net_type::input_shape::size; }
+  static index_t output_size(const net_type&) { return net_type::output_shape::size; }
+  static shape input_shape(const net_type&) { return net_type::input_shape::batch_shape(1); }
+  static index_t max_batch(const net_type& net) { return net.max_batch(); }
+
+  template <class Loss, class Optimizer, class Target>
+  static float train_batch(net_type& net, tensor_view<const float> x, tensor_view<const Target> y, const Loss& loss,
+                           Optimizer& opt) {
+    return net.train_step(x, y, loss, opt);
+  }
+  template <class Loss, class Target>
+  static float eval_batch(net_type& net, tensor_view<const float> x, tensor_view<const Target> y, const Loss& loss) {
+    net.eval();
+    float value = net.loss_value(x, y, loss);
+    net.train();
+    return value;
+  }
+  // The output of the last train_batch or eval_batch.
+  static tensor_view<const float> last_output(const net_type& net) { return net.last_output(); }
+  static Tensor<float> predict(net_type& net, tensor_view<const float> x) { return net.predict(x); }
+
+  static auto parameters(net_type& net) { return net.parameters(); }
+  static weight_snapshot weights(const net_type& net) { return net.state_dict(); }
+  static void set_weights(net_type& net, const weight_snapshot& w) { net.load_state_dict(w); }
+  static std::vector<layer_summary> summary_rows(const net_type&) { return net_type::summary_rows(); }
+  static index_t trainable_parameters(const net_type&) { return net_type::parameter_count(); }
+  static index_t non_trainable_parameters(const net_type&) { return 0; }
+};
+
+}  // namespace kiln::train

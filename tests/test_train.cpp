@@ -1,0 +1,196 @@
+// Keras-style training: compile / fit / evaluate / predict / summary, metrics, callbacks, history files.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kiln/kiln.hpp"
+#include "kiln/train.hpp"
+
+using namespace kiln;
+
+namespace {
+// Two Gaussian blobs per class in 4-D: separable but not trivially.
+struct blobs {
+  Tensor<float> x;
+  Tensor<std::int64_t> y;
+};
+blobs make_blobs(index_t n, std::uint64_t seed) {
+  random_generator rng(seed);
+  blobs b{Tensor<float>(shape{n, 4}), Tensor<std::int64_t>(shape{n})};
+  for (index_t i = 0; i < n; ++i) {
+    std::int64_t label = static_cast<std::int64_t>(rng.below(3));
+    b.y[i] = label;
+    for (int j = 0; j < 4; ++j) b.x.at(i, j) = rng.normal<float>() * 0.7f + (j == label ? 2.0f : 0.0f);
+  }
+  return b;
+}
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+using Net = Sequential<policy::cpu, Input<4>, Dense<16, ReLU>, Dense<3>>;
+}  // namespace
+
+TEST_CASE("fit lowers the loss and evaluate reports loss and metrics") {
+  auto train = make_blobs(600, 1), test = make_blobs(300, 2);
+  Net net(32, 7);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy, metric::top_k_accuracy(2)});
+  auto before = model.evaluate(test.x, test.y);
+  auto history = model.fit(train.x, train.y,
+                           {.epochs = 5, .batch_size = 32, .validation_data = labelled_data{test.x, test.y}, .verbose = 0});
+  REQUIRE(history.size() == 5);
+  auto losses = history.series("loss");
+  CHECK(losses.back() < losses.front());
+  auto after = model.evaluate(test.x, test.y);
+  CHECK(after.loss < before.loss);
+  CHECK(after["accuracy"] > 0.85);
+  CHECK(after["top2_accuracy"] >= after["accuracy"]);
+  CHECK(history.series("val_accuracy").back() == doctest::Approx(after["accuracy"]));
+  CHECK(model.timing().steps == 5 * 19);
+  auto predictions = model.predict(test.x);
+  CHECK(predictions.shape() == shape{300, 3});
+}
+
+TEST_CASE("metrics compute what they say") {
+  float out[] = {0.1f, 0.7f, 0.2f, 0.5f, 0.3f, 0.2f, 0.1f, 0.2f, 0.7f};
+  std::int64_t labels[] = {1, 1, 0};
+  metric::accumulator acc(metric::accuracy), top2(metric::top_k_accuracy(2));
+  acc.update({out, 3, 3, labels, nullptr});
+  top2.update({out, 3, 3, labels, nullptr});
+  CHECK(acc.result() == doctest::Approx(1.0 / 3));
+  CHECK(top2.result() == doctest::Approx(2.0 / 3));
+  float pred[] = {1, 2, 3, 4}, target[] = {1, 0, 3, 6};
+  metric::accumulator mse(metric::mse), mae(metric::mae);
+  mse.update({pred, 2, 2, nullptr, target});
+  mae.update({pred, 2, 2, nullptr, target});
+  CHECK(mse.result() == doctest::Approx((0 + 4 + 0 + 4) / 4.0));
+  CHECK(mae.result() == doctest::Approx((0 + 2 + 0 + 2) / 4.0));
+  CHECK_THROWS_AS(mse.update({pred, 2, 2, labels, nullptr}), kiln::error);
+}
+
+TEST_CASE("EarlyStopping stops and restores the best weights") {
+  auto train = make_blobs(200, 3), test = make_blobs(100, 4);
+  Net net(32, 9);
+  Model model(net);
+  // A learning rate this large makes validation loss bounce, so patience runs out.
+  model.compile(optim::SGD({.lr = 3.0}), loss::cross_entropy{});
+  auto stopper = std::make_shared<train::EarlyStopping>(
+      train::EarlyStopping::options{.monitor = "val_loss", .patience = 1, .restore_best_weights = true});
+  auto checkpoint = std::make_shared<train::ModelCheckpoint>();
+  auto history = model.fit(train.x, train.y,
+                           {.epochs = 40, .batch_size = 32, .validation_data = labelled_data{test.x, test.y},
+                            .callbacks = {stopper, checkpoint}, .verbose = 0});
+  REQUIRE(stopper->stopped_epoch() >= 0);
+  CHECK(history.size() == static_cast<std::size_t>(stopper->stopped_epoch() + 1));
+  CHECK(history.size() < 40);
+  // The restored weights give the best validation loss seen.
+  CHECK(model.evaluate(test.x, test.y).loss == doctest::Approx(stopper->best_value()).epsilon(1e-5));
+  CHECK(checkpoint->best_epoch() == stopper->best_epoch());
+}
+
+TEST_CASE("learning-rate schedules and ReduceLROnPlateau") {
+  auto train = make_blobs(64, 5);
+  Net net(32, 1);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 0.1}), loss::cross_entropy{});
+  auto step = std::make_shared<train::LearningRateScheduler>(train::LearningRateScheduler::step(2, 0.5));
+  auto h = model.fit(train.x, train.y, {.epochs = 5, .batch_size = 32, .callbacks = {step}, .verbose = 0});
+  auto lrs = h.series("lr");
+  CHECK(lrs[0] == doctest::Approx(0.1));
+  CHECK(lrs[2] == doctest::Approx(0.05));
+  CHECK(lrs[4] == doctest::Approx(0.025));
+  auto cosine = train::LearningRateScheduler::cosine(4, 0.0);
+  Net net2(32, 1);
+  Model model2(net2);
+  model2.compile(optim::SGD({.lr = 1.0}), loss::cross_entropy{});
+  auto cos_cb = std::make_shared<train::LearningRateScheduler>(cosine);
+  auto h2 = model2.fit(train.x, train.y, {.epochs = 5, .batch_size = 32, .callbacks = {cos_cb}, .verbose = 0});
+  CHECK(h2.series("lr")[2] == doctest::Approx(0.5));
+  CHECK(h2.series("lr")[4] == doctest::Approx(0.0));
+  // A monitored quantity that never improves: the rate drops after each patience window.
+  Net net3(32, 1);
+  Model model3(net3);
+  model3.compile(optim::SGD({.lr = 1.0}), loss::cross_entropy{});
+  auto never = std::make_shared<train::LambdaCallback>();
+  never->epoch_end = [](int, train::logs& l, train::training_control&) { l.set("flat", 1.0); };
+  auto plateau = std::make_shared<train::ReduceLROnPlateau>(
+      train::ReduceLROnPlateau::options{.monitor = "flat", .factor = 0.5, .patience = 2});
+  auto h3 = model3.fit(train.x, train.y, {.epochs = 5, .batch_size = 32, .callbacks = {never, plateau}, .verbose = 0});
+  CHECK(h3.series("lr")[0] == doctest::Approx(1.0));
+  CHECK(h3.series("lr")[2] == doctest::Approx(0.5));
+  CHECK(h3.series("lr")[4] == doctest::Approx(0.25));
+}
+
+TEST_CASE("history and CSVLogger write well-formed CSV and SVG files") {
+  auto train = make_blobs(128, 6);
+  Net net(32, 2);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy});
+  auto dir = std::filesystem::temp_directory_path() / "kiln_test_train";
+  std::filesystem::create_directories(dir);
+  auto logger = std::make_shared<train::CSVLogger>((dir / "log.csv").string());
+  auto h = model.fit(train.x, train.y,
+                     {.epochs = 3, .batch_size = 32, .validation_split = 0.25, .callbacks = {logger}, .verbose = 0});
+  h.write_csv((dir / "history.csv").string());
+  h.write_svg((dir / "history.svg").string());
+  std::string csv = read_text(dir / "history.csv");
+  std::istringstream lines(csv);
+  std::string header, line;
+  std::getline(lines, header);
+  CHECK(header.rfind("epoch,loss,accuracy,val_loss,val_accuracy", 0) == 0);
+  int rows = 0;
+  auto commas = std::count(header.begin(), header.end(), ',');
+  while (std::getline(lines, line)) {
+    ++rows;
+    CHECK(std::count(line.begin(), line.end(), ',') == commas);
+  }
+  CHECK(rows == 3);
+  CHECK(read_text(dir / "log.csv").rfind("epoch,loss,accuracy,val_loss", 0) == 0);
+  std::string svg = read_text(dir / "history.svg");
+  CHECK(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(svg.find("val_loss") != std::string::npos);
+  CHECK(std::count(svg.begin(), svg.end(), '<') == std::count(svg.begin(), svg.end(), '>'));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("summary lists layers, shapes and parameter totals; errors are clear") {
+  using Mnist = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+  Mnist net(64);
+  Model model(net);
+  std::ostringstream out;
+  model.summary(out);
+  std::string text = out.str();
+  CHECK(text.find("Dense+ReLU") != std::string::npos);
+  CHECK(text.find("(None, 128)") != std::string::npos);
+  CHECK(text.find("(None, 784)") != std::string::npos);
+  CHECK(text.find("Total params: 101770") != std::string::npos);
+  CHECK(text.find("Non-trainable params: 0") != std::string::npos);
+  Tensor<float> x(shape{10, 28, 28});
+  Tensor<std::int64_t> y(shape{10});
+  CHECK_THROWS_WITH_AS(model.fit(x, y), doctest::Contains("compile"), kiln::error);
+  model.compile(optim::Adam(), loss::cross_entropy{});
+  CHECK_THROWS_WITH_AS(model.fit(x, y, {.batch_size = 100}), doctest::Contains("maximum batch"), kiln::error);
+  Tensor<float> wrong(shape{10, 27, 28});
+  CHECK_THROWS_AS(model.fit(wrong, y), kiln::error);
+  Tensor<float> values(shape{10, 10});
+  CHECK_THROWS_WITH_AS(model.fit(x, values, {.verbose = 0}), doctest::Contains("integer class labels"), kiln::error);
+}
+
+TEST_CASE("progress bar line shows steps, bar and values") {
+  std::ostringstream sink;
+  train::progress_bar bar(sink, false);
+  bar.begin_epoch(1, 2, 10);
+  train::logs l;
+  l.set("loss", 0.5);
+  std::string line = bar.line(5, l, false);
+  CHECK(line.rfind(" 5/10 [===============>", 0) == 0);
+  CHECK(line.find("ETA") != std::string::npos);
+  CHECK(line.find("loss: 0.5000") != std::string::npos);
+  CHECK(sink.str() == "Epoch 1/2\n");
+}
