@@ -17,6 +17,8 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/data/data_loader.hpp"
+#include "kiln/data/dataset.hpp"
 #include "kiln/policy.hpp"
 #include "kiln/train/callbacks.hpp"
 #include "kiln/train/history.hpp"
@@ -26,14 +28,38 @@
 
 namespace kiln {
 
-// Features and targets held in memory: x is (N, ...) floats, y is (N) integer labels or (N, ...) real targets.
+// Features and targets held in memory, viewed without copying: x is (N, ...) floats, y is (N) integer labels or
+// (N, ...) real targets. It is a data::dataset, and any data set that holds its tensors (data::tensor_dataset,
+// MNIST) converts to it.
 template <class Target>
 struct labelled_data {
+  using feature_type = float;
+  using label_type = Target;
+
   tensor_view<const float> x;
   tensor_view<const Target> y;
+
+  labelled_data(tensor_view<const float> features, tensor_view<const Target> targets) : x(features), y(targets) {}
+  template <class Dataset>
+    requires requires(const Dataset& d) {
+      { d.features() } -> std::convertible_to<tensor_view<const float>>;
+      { d.labels() } -> std::convertible_to<tensor_view<const Target>>;
+    }
+  labelled_data(const Dataset& d) : x(d.features()), y(d.labels()) {}
+
+  index_t size() const { return x.rank() ? x.extent(0) : 0; }
+  shape sample_shape() const { return data::detail::drop_first(x.shape()); }
+  shape label_shape() const { return data::detail::drop_first(y.shape()); }
+  void get(index_t i, tensor_view<float> xs, tensor_view<Target> ys) const {
+    index_t fr = x.shape().row_size(), lr = y.shape().row_size();
+    std::copy_n(x.data() + i * fr, fr, xs.data());
+    std::copy_n(y.data() + i * lr, lr, ys.data());
+  }
 };
 template <class Target>
 labelled_data(const Tensor<float>&, const Tensor<Target>&) -> labelled_data<Target>;
+template <class Dataset>
+labelled_data(const Dataset&) -> labelled_data<typename Dataset::label_type>;
 
 // Options of Model::fit, as Keras names them.
 template <class Target>
@@ -46,7 +72,9 @@ struct fit_options {
   double validation_split = 0.0;
   std::vector<std::shared_ptr<train::callback>> callbacks{};
   int verbose = 1;  // 0: silent; 1: progress bar
-  std::uint64_t seed = 0;  // shuffling order: epoch e uses random_generator(seed).fork(e)
+  std::uint64_t seed = 0;  // fixes the shuffling order and the augmentation draws of every epoch
+  int prefetch = 1;        // batches assembled ahead by the loader's background thread (0: none)
+  data::transform_fn<float> transform{};  // augmentation, applied to each training sample
 };
 
 // Where the time of the last fit went: assembling batches (the data pipeline) versus training steps.
@@ -106,116 +134,44 @@ class Model {
   train::history fit(const Tensor<float>& x, const Tensor<Target>& y, fit_options<Target> options = {}) {
     return fit(labelled_data<Target>{x, y}, std::move(options));
   }
-  template <class Target>
-  train::history fit(labelled_data<Target> data, fit_options<Target> options = {}) {
-    require_compiled("fit");
-    check_data(data, "fit");
-    if (options.batch_size < 1 || options.batch_size > access::max_batch(net_))
-      fail("Model::fit: expected a batch size of 1 to ", access::max_batch(net_),
-           " (the model's maximum batch), found ", options.batch_size);
-    if (options.epochs < 0) fail("Model::fit: expected epochs >= 0, found ", options.epochs);
-    std::optional<labelled_data<Target>> validation = options.validation_data;
-    if (!validation && options.validation_split > 0) {
+  // Trains on any data set held in memory (tensor_dataset, MNIST): validation_split can carve it.
+  template <class Dataset>
+    requires std::constructible_from<labelled_data<typename Dataset::label_type>, const Dataset&>
+  train::history fit(const Dataset& dataset, fit_options<typename Dataset::label_type> options = {}) {
+    using Target = typename Dataset::label_type;
+    labelled_data<Target> data(dataset);
+    if (!options.validation_data && options.validation_split > 0) {
       if (options.validation_split >= 1)
         fail("Model::fit: expected validation_split in [0, 1), found ", options.validation_split);
-      index_t n = data.x.extent(0);
+      index_t n = data.size();
       index_t held = static_cast<index_t>(static_cast<double>(n) * options.validation_split);
-      if (held < 1 || held >= n) fail("Model::fit: validation_split ", options.validation_split, " of ", n,
-                                      " samples leaves no training or no validation data");
-      validation = labelled_data<Target>{data.x.rows(n - held, held), data.y.rows(n - held, held)};
+      if (held < 1 || held >= n)
+        fail("Model::fit: validation_split ", options.validation_split, " of ", n,
+             " samples leaves no training or no validation data");
+      // As Keras: the last samples, before any shuffling, are held out.
+      options.validation_data = labelled_data<Target>{data.x.rows(n - held, held), data.y.rows(n - held, held)};
       data = labelled_data<Target>{data.x.rows(0, n - held), data.y.rows(0, n - held)};
     }
-    if (validation) check_data(*validation, "fit (validation data)");
-
-    train::history history;
-    timing_ = {};
-    stop_requested_ = false;
-    control control_impl(*this);
-    for (auto& cb : options.callbacks) cb->on_train_begin(control_impl);
-
-    index_t n = data.x.extent(0), batch = options.batch_size;
-    long long steps = (n + batch - 1) / batch;
-    index_t sample = data.x.shape().row_size();
-    index_t target_row = data.y.shape().row_size();
-    Tensor<float> x_batch(data.x.shape().with_batch(batch));
-    Tensor<Target> y_batch(data.y.shape().with_batch(batch));
-    std::vector<index_t> order(static_cast<std::size_t>(n));
-    train::progress_bar bar(std::cout, options.verbose > 0 && ::isatty(STDOUT_FILENO) != 0);
-    std::vector<metric::accumulator> running;
-    for (auto& spec : metrics_) running.emplace_back(spec);
-
-    for (int epoch = 0; epoch < options.epochs && !stop_requested_; ++epoch) {
-      for (auto& cb : options.callbacks) cb->on_epoch_begin(epoch, control_impl);
-      for (index_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
-      if (options.shuffle) {
-        random_generator rng = random_generator(options.seed).fork(static_cast<std::uint64_t>(epoch));
-        for (index_t i = n - 1; i > 0; --i)
-          std::swap(order[static_cast<std::size_t>(i)], order[rng.below(static_cast<std::uint64_t>(i + 1))]);
-      }
-      if (options.verbose > 0) bar.begin_epoch(epoch + 1, options.epochs, steps);
-      for (auto& m : running) m.reset();
-      double loss_sum = 0;
-      index_t seen = 0;
-      train::logs step_logs;
-      auto epoch_start = clock::now();
-      for (long long step = 0; step < steps; ++step) {
-        index_t first = step * batch, count = std::min(batch, n - first);
-        auto t0 = clock::now();
-        for (index_t r = 0; r < count; ++r) {
-          index_t src = order[static_cast<std::size_t>(first + r)];
-          std::copy_n(data.x.data() + src * sample, sample, x_batch.data() + r * sample);
-          std::copy_n(data.y.data() + src * target_row, target_row, y_batch.data() + r * target_row);
-        }
-        auto t1 = clock::now();
-        tensor_view<const float> xb = x_batch.rows(0, count);
-        tensor_view<const Target> yb = y_batch.rows(0, count);
-        float loss = train_batch(xb, yb);
-        auto t2 = clock::now();
-        timing_.data_seconds += seconds(t1 - t0);
-        timing_.step_seconds += seconds(t2 - t1);
-        ++timing_.steps;
-        loss_sum += double(loss) * double(count);
-        seen += count;
-        update_metrics(running, yb, count);
-        if (options.verbose > 0 || !options.callbacks.empty()) {
-          step_logs.set("loss", loss_sum / double(seen));
-          for (auto& m : running) step_logs.set(m.name(), m.result());
-          if (options.verbose > 0) bar.update(step + 1, step_logs);
-          for (auto& cb : options.callbacks) cb->on_batch_end(step, step_logs, control_impl);
-        }
-      }
-      train::logs epoch_logs;
-      epoch_logs.set("loss", seen ? loss_sum / double(seen) : 0.0);
-      for (auto& m : running) epoch_logs.set(m.name(), m.result());
-      if (validation) {
-        auto t0 = clock::now();
-        evaluation v = evaluate(*validation, batch);
-        timing_.eval_seconds += seconds(clock::now() - t0);
-        epoch_logs.set("val_loss", v.loss);
-        for (auto& [k, value] : v.metrics.entries()) {
-          std::string key = "val_";
-          key += k;
-          epoch_logs.set(key, value);
-        }
-      }
-      epoch_logs.set("epoch_seconds", seconds(clock::now() - epoch_start));
-      for (auto& cb : options.callbacks) cb->on_epoch_end(epoch, epoch_logs, control_impl);
-      if (options.verbose > 0) {
-        train::logs shown;
-        for (auto& [k, value] : epoch_logs.entries())
-          if (k != "epoch_seconds") shown.set(k, value);
-        bar.end_epoch(shown);
-      }
-      history.record(epoch_logs);
-    }
-    for (auto& cb : options.callbacks) cb->on_train_end(control_impl);
-    return history;
+    return fit_loader(data, options);
+  }
+  // Trains on any data::dataset through a data_loader (no validation_split: pass validation_data instead).
+  template <data::dataset Dataset>
+    requires(!std::constructible_from<labelled_data<typename Dataset::label_type>, const Dataset&>)
+  train::history fit(const Dataset& dataset, fit_options<typename Dataset::label_type> options = {}) {
+    if (options.validation_split > 0)
+      fail("Model::fit: validation_split needs a data set held in memory; pass validation_data instead");
+    return fit_loader(dataset, options);
   }
 
   // Loss and metrics over data, in evaluation mode, batch by batch.
   template <class Target>
   evaluation evaluate(const Tensor<float>& x, const Tensor<Target>& y, index_t batch_size = 0) {
     return evaluate(labelled_data<Target>{x, y}, batch_size);
+  }
+  template <class Dataset>
+    requires std::constructible_from<labelled_data<typename Dataset::label_type>, const Dataset&>
+  evaluation evaluate(const Dataset& dataset, index_t batch_size = 0) {
+    return evaluate(labelled_data<typename Dataset::label_type>(dataset), batch_size);
   }
   template <class Target>
   evaluation evaluate(labelled_data<Target> data, index_t batch_size = 0) {
@@ -302,6 +258,92 @@ class Model {
    private:
     Model& model_;
   };
+
+  template <class Dataset>
+  train::history fit_loader(const Dataset& data, const fit_options<typename Dataset::label_type>& options) {
+    using Target = typename Dataset::label_type;
+    require_compiled("fit");
+    if (data.sample_shape().numel() != access::input_size(net_))
+      fail("Model::fit: expected samples of ", access::input_size(net_), " values, found shape ", data.sample_shape());
+    if (options.batch_size < 1 || options.batch_size > access::max_batch(net_))
+      fail("Model::fit: expected a batch size of 1 to ", access::max_batch(net_),
+           " (the model's maximum batch), found ", options.batch_size);
+    if (options.epochs < 0) fail("Model::fit: expected epochs >= 0, found ", options.epochs);
+    if (options.validation_data) check_data(*options.validation_data, "fit (validation data)");
+
+    train::history history;
+    timing_ = {};
+    stop_requested_ = false;
+    control control_impl(*this);
+    for (auto& cb : options.callbacks) cb->on_train_begin(control_impl);
+
+    data::data_loader loader(data, {.batch_size = options.batch_size,
+                                    .shuffle = options.shuffle,
+                                    .seed = options.seed,
+                                    .prefetch = options.prefetch,
+                                    .transform = options.transform});
+    long long steps = loader.batches_per_epoch();
+    train::progress_bar bar(std::cout, options.verbose > 0 && ::isatty(STDOUT_FILENO) != 0);
+    std::vector<metric::accumulator> running;
+    for (auto& spec : metrics_) running.emplace_back(spec);
+
+    for (int epoch = 0; epoch < options.epochs && !stop_requested_; ++epoch) {
+      for (auto& cb : options.callbacks) cb->on_epoch_begin(epoch, control_impl);
+      if (options.verbose > 0) bar.begin_epoch(epoch + 1, options.epochs, steps);
+      for (auto& m : running) m.reset();
+      double loss_sum = 0;
+      index_t seen = 0;
+      train::logs step_logs;
+      auto epoch_start = clock::now();
+      loader.start_epoch(static_cast<std::uint64_t>(epoch));
+      for (long long step = 0;; ++step) {
+        auto t0 = clock::now();
+        const auto* b = loader.next();
+        auto t1 = clock::now();
+        timing_.data_seconds += seconds(t1 - t0);
+        if (!b) break;
+        tensor_view<const float> xb = b->x.reshaped(shape{b->size, access::input_size(net_)});
+        tensor_view<const Target> yb = b->y;
+        float loss = train_batch(xb, yb);
+        timing_.step_seconds += seconds(clock::now() - t1);
+        ++timing_.steps;
+        loss_sum += double(loss) * double(b->size);
+        seen += b->size;
+        update_metrics(running, yb, b->size);
+        if (options.verbose > 0 || !options.callbacks.empty()) {
+          step_logs.set("loss", loss_sum / double(seen));
+          for (auto& m : running) step_logs.set(m.name(), m.result());
+          if (options.verbose > 0) bar.update(step + 1, step_logs);
+          for (auto& cb : options.callbacks) cb->on_batch_end(step, step_logs, control_impl);
+        }
+      }
+      train::logs epoch_logs;
+      epoch_logs.set("loss", seen ? loss_sum / double(seen) : 0.0);
+      for (auto& m : running) epoch_logs.set(m.name(), m.result());
+      if (options.validation_data) {
+        auto t0 = clock::now();
+        evaluation v = evaluate(*options.validation_data, options.batch_size);
+        timing_.eval_seconds += seconds(clock::now() - t0);
+        epoch_logs.set("val_loss", v.loss);
+        for (auto& [k, value] : v.metrics.entries()) {
+          std::string key = "val_";
+          key += k;
+          epoch_logs.set(key, value);
+        }
+      }
+      epoch_logs.set("epoch_seconds", seconds(clock::now() - epoch_start));
+      for (auto& cb : options.callbacks) cb->on_epoch_end(epoch, epoch_logs, control_impl);
+      if (options.verbose > 0) {
+        train::logs shown;
+        for (auto& [k, value] : epoch_logs.entries())
+          if (k != "epoch_seconds") shown.set(k, value);
+        bar.end_epoch(shown);
+      }
+      history.record(epoch_logs);
+    }
+    for (auto& cb : options.callbacks) cb->on_train_end(control_impl);
+    return history;
+  }
 
   template <class R>
   R wrong_target() const {
