@@ -1,0 +1,94 @@
+// linear (PyTorch's F.linear) and 2-D matmul. linear calls the Dense layer's dense_forward / dense_backward, the very
+// functions static mode's kiln::Dense calls, so both modes compute the same numbers.
+#pragma once
+
+#include "kiln/dynamic/functional/common.hpp"
+#include "kiln/layers/dense.hpp"
+
+namespace kiln::nn {
+
+namespace detail {
+
+template <class T>
+void linear_backward(const tape_entry<T>& e) {
+  using P = dynamic_policy;
+  variable_node<T>*x = e.in[0], *w = e.in[1], *b = e.in[2];
+  const T* dy = e.out->grad;
+  index_t out = w->shape[0], in = w->shape[1], batch = leading_size(x->shape);
+  T* dbias = b ? zeroed_grad_for(b) : nullptr;
+  grad_target<T> dx = grad_target_for(x);
+  if (T* dweight = zeroed_grad_for(w)) {
+    // dW and db accumulate into .grad (zero after zero_grad, so the first step matches static mode's overwrite).
+    if (dx.data && dx.accumulate) {
+      scratch_buffer<T> scratch(x->shape.numel());
+      dense_backward<P>(x->value, w->value, dy, scratch.data(), dweight, dbias, batch, in, out, true);
+      P::accumulate(scratch.data(), dx.data, x->shape.numel());
+    } else {
+      dense_backward<P>(x->value, w->value, dy, dx.data, dweight, dbias, batch, in, out, true);
+    }
+  } else {
+    // A frozen weight: dense_backward always forms dW, so make its two other kernel calls, with its arguments.
+    if (dbias) P::sum_rows(dy, dbias, batch, out, true);
+    write_or_add<P>(dx, x->shape.numel(), [&](T* dst) {
+      P::gemm(false, false, batch, in, out, T(1), dy, out, w->value, in, T(0), dst, in);
+    });
+  }
+}
+
+template <class T>
+void matmul_backward(const tape_entry<T>& e) {
+  using P = dynamic_policy;
+  variable_node<T>*a = e.in[0], *b = e.in[1];
+  index_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
+  const T* dy = e.out->grad;
+  write_or_add<P>(grad_target_for(a), m * k, [&](T* dst) {  // dA = dY B^T
+    P::gemm(false, true, m, k, n, T(1), dy, n, b->value, n, T(0), dst, k);
+  });
+  write_or_add<P>(grad_target_for(b), k * n, [&](T* dst) {  // dB = A^T dY
+    P::gemm(true, false, k, n, m, T(1), a->value, k, dy, n, T(0), dst, n);
+  });
+}
+
+}  // namespace detail
+
+// y = x W^T + b over the last dimension of x: x is [*, in], weight [out, in], bias [out] (or an empty handle).
+template <class T>
+basic_variable<T> linear(const basic_variable<T>& x, const basic_variable<T>& weight,
+                         const basic_variable<T>& bias = {}) {
+  auto* xn = detail::node_of(x, "linear");
+  auto* wn = detail::node_of(weight, "linear");
+  auto* bn = bias.defined() ? bias.node() : nullptr;
+  if (wn->shape.rank() != 2) fail("linear: expected a weight of shape [out, in], found ", wn->shape);
+  index_t out = wn->shape[0], in = wn->shape[1];
+  const kiln::shape& xs = xn->shape;
+  if (xs.rank() < 1 || xs[xs.rank() - 1] != in)
+    fail("linear: expected input of shape [*, ", in, "], found ", xs);
+  if (bn && !(bn->shape.rank() == 1 && bn->shape[0] == out))
+    fail("linear: expected a bias of shape [", out, "], found ", bn->shape);
+  kiln::shape ys = xs;
+  ys[xs.rank() - 1] = out;
+  index_t batch = detail::leading_size(xs);
+  bool record = detail::should_record<T>({xn, wn, bn});
+  auto y = detail::make_output<T>(ys, record);
+  dense_forward<dynamic_policy>(xn->value, wn->value, bn ? bn->value : static_cast<const T*>(nullptr), y.data(), batch,
+                                in, out);
+  if (record) detail::tape<T>::instance().record(&detail::linear_backward<T>, y.node(), xn, wn, bn);
+  return y;
+}
+
+// The product of two matrices: [m, k] x [k, n] -> [m, n].
+template <class T>
+basic_variable<T> matmul(const basic_variable<T>& a, const basic_variable<T>& b) {
+  auto* an = detail::node_of(a, "matmul");
+  auto* bn = detail::node_of(b, "matmul");
+  if (an->shape.rank() != 2 || bn->shape.rank() != 2 || an->shape[1] != bn->shape[0])
+    fail("matmul: expected [m, k] and [k, n] matrices, found ", an->shape, " and ", bn->shape);
+  index_t m = an->shape[0], k = an->shape[1], n = bn->shape[1];
+  bool record = detail::should_record<T>({an, bn});
+  auto y = detail::make_output<T>(kiln::shape{m, n}, record);
+  dynamic_policy::gemm(false, false, m, n, k, T(1), an->value, k, bn->value, n, T(0), y.data(), n);
+  if (record) detail::tape<T>::instance().record(&detail::matmul_backward<T>, y.node(), an, bn);
+  return y;
+}
+
+}  // namespace kiln::nn

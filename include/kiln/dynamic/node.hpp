@@ -1,0 +1,101 @@
+// variable_node: the shared state behind a dynamic-mode Variable handle (its value, gradient and autograd links),
+// with an intrusive, non-atomic reference count. Handles are copied several times per op, so the count is a plain
+// int: a graph and the handles into it belong to one thread, as the tape that records it does.
+#pragma once
+
+#include <cstring>
+#include <new>
+
+#include "kiln/core/shape.hpp"
+#include "kiln/dynamic/allocator.hpp"
+
+namespace kiln::nn::detail {
+
+template <class T>
+struct variable_node {
+  int refs = 1;
+  int creator = -1;            // index of the tape entry that produced this value, -1 for none (or no longer)
+  bool requires_grad = false;  // for a parameter also its trainable flag, which the optimizer reads
+  bool is_leaf = true;         // made by the user or a module rather than by an op
+  bool graph_freed = false;    // an op made it, and the tape that could differentiate it has been cleared
+  kiln::shape shape;
+  T* value = nullptr;
+  T* grad = nullptr;                       // null until a gradient reaches it (or, for parameters, registration)
+  storage_block value_block, grad_block;  // what value and grad were allocated as (value_block empty when aliasing)
+  variable_node* storage_owner = nullptr;  // holds a reference when value lives in another node's storage
+  storage_block self_block;                // the node's own memory, from the same cache as tensor storage
+};
+
+// Called when a node that an op produced dies: the tape drops its entry (defined in tape.hpp).
+template <class T>
+void forget_creator(variable_node<T>* n);
+
+template <class T>
+KILN_ALWAYS_INLINE void retain(variable_node<T>* n) {
+  if (n) ++n->refs;
+}
+
+template <class T>
+void destroy_node(variable_node<T>* n) {
+  if (n->creator >= 0) forget_creator(n);
+  free_storage(n->grad_block);
+  free_storage(n->value_block);
+  variable_node<T>* owner = n->storage_owner;
+  storage_block self = n->self_block;
+  n->~variable_node();
+  free_storage(self);
+  if (owner && --owner->refs == 0) destroy_node(owner);
+}
+
+template <class T>
+KILN_ALWAYS_INLINE void release(variable_node<T>* n) {
+  if (n && --n->refs == 0) destroy_node(n);
+}
+
+// A node of the given shape with uninitialised value storage (or none, when the caller aliases another's).
+template <class T>
+variable_node<T>* make_node(const kiln::shape& s, bool requires_grad, bool is_leaf, bool allocate_value = true) {
+  storage_block self = allocate_storage(sizeof(variable_node<T>));
+  auto* n = new (self.data) variable_node<T>;
+  n->self_block = self;
+  n->shape = s;
+  n->requires_grad = requires_grad;
+  n->is_leaf = is_leaf;
+  if (allocate_value) {
+    n->value_block = allocate_storage(static_cast<std::size_t>(s.numel()) * sizeof(T));
+    n->value = static_cast<T*>(n->value_block.data);
+  }
+  return n;
+}
+
+// Allocates the node's gradient buffer, uninitialised (the caller writes every element) or zero-filled.
+template <class T>
+T* allocate_grad(variable_node<T>* n, bool zero) {
+  std::size_t bytes = static_cast<std::size_t>(n->shape.numel()) * sizeof(T);
+  n->grad_block = allocate_storage(bytes);
+  n->grad = static_cast<T*>(n->grad_block.data);
+  if (zero && bytes) std::memset(n->grad, 0, bytes);
+  return n->grad;
+}
+template <class T>
+void free_grad(variable_node<T>* n) {
+  free_storage(n->grad_block);
+  n->grad_block = {};
+  n->grad = nullptr;
+}
+
+// Scratch memory for one backward computation, returned to the cache when it goes out of scope.
+template <class T>
+class scratch_buffer {
+ public:
+  explicit scratch_buffer(index_t count) : block_(allocate_storage(static_cast<std::size_t>(count) * sizeof(T))) {}
+  scratch_buffer(const scratch_buffer&) = delete;
+  scratch_buffer& operator=(const scratch_buffer&) = delete;
+  ~scratch_buffer() { free_storage(block_); }
+  T* data() const { return static_cast<T*>(block_.data); }
+
+ private:
+  storage_block block_;
+};
+
+}  // namespace kiln::nn::detail

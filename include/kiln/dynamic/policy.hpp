@@ -1,0 +1,16 @@
+// The backend policy that dynamic mode's ops call. One alias, so that every op and module reaches the kernels the
+// same way the static mode does (static Sequential<kiln::policy::cpu, ...> calls the same functions).
+#pragma once
+
+#include "kiln/policy.hpp"
+
+#ifndef KILN_DYNAMIC_POLICY
+#define KILN_DYNAMIC_POLICY ::kiln::policy::cpu
+#endif
+
+namespace kiln::nn {
+
+// The policy behind every dynamic-mode op; define KILN_DYNAMIC_POLICY before including kiln to pick another.
+using dynamic_policy = KILN_DYNAMIC_POLICY;
+
+}  // namespace kiln::nn

@@ -1,0 +1,156 @@
+// The autograd tape: a thread-local list of entries, one per differentiable op, appended as the ops run (DESIGN.md:
+// "an autograd tape recorded as the code runs"). An entry is a plain struct (a function pointer, the output, up to
+// three inputs, two small saved numbers) in a vector whose capacity is kept, so recording costs no allocation after
+// warm-up and no std::function.
+//
+// Lifetime: an entry holds references to its inputs but not to its output. When the output dies (the user dropped
+// it and no later op used it), its entry dies too and releases its inputs, and dead entries at the end of the tape are
+// popped; so a forward pass whose result is thrown away (evaluation without no_grad) leaves nothing behind, as in
+// PyTorch. backward() walks the tape in reverse from the loss's entry and then clears the whole tape.
+#pragma once
+
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/dynamic/grad_mode.hpp"
+#include "kiln/dynamic/node.hpp"
+
+namespace kiln::nn::detail {
+
+template <class T>
+struct tape_entry;
+// An op's backward: reads entry.out->grad and adds into (or writes) its inputs' gradients.
+template <class T>
+using backward_function = void (*)(const tape_entry<T>&);
+
+template <class T>
+struct tape_entry {
+  backward_function<T> backward = nullptr;
+  variable_node<T>* out = nullptr;  // not owned; null once the entry is dead
+  variable_node<T>* in[3] = {};     // owned references; unused slots are null
+  T scalar = T(0);                  // a saved number (a slope, a scale)
+  int aux = 0;                      // a saved integer (a dimension)
+};
+
+template <class T>
+class tape {
+ public:
+  tape() { entries_.reserve(256); }
+  tape(const tape&) = delete;
+  tape& operator=(const tape&) = delete;
+  ~tape() {
+    clear();
+    destroyed() = true;
+  }
+
+  static bool& destroyed() {
+    static thread_local bool flag = false;
+    return flag;
+  }
+  static tape& instance() {
+    static thread_local tape t;
+    return t;
+  }
+
+  // Appends an entry; takes references to the inputs. out must be a fresh node produced by the op.
+  void record(backward_function<T> fn, variable_node<T>* out, variable_node<T>* a, variable_node<T>* b = nullptr,
+              variable_node<T>* c = nullptr, T scalar = T(0), int aux = 0) {
+    retain(a);
+    retain(b);
+    retain(c);
+    out->creator = static_cast<int>(entries_.size());
+    entries_.push_back(tape_entry<T>{fn, out, {a, b, c}, scalar, aux});
+  }
+
+  // The output of entry `index` died: drop the entry, release its inputs, pop dead entries off the end.
+  void forget(int index) {
+    auto& e = entries_[static_cast<std::size_t>(index)];
+    variable_node<T>* inputs[3] = {e.in[0], e.in[1], e.in[2]};
+    e.out = nullptr;
+    e.in[0] = e.in[1] = e.in[2] = nullptr;
+    for (auto* n : inputs) release(n);  // may recurse into forget() for earlier entries
+    while (!entries_.empty() && entries_.back().out == nullptr) entries_.pop_back();
+  }
+
+  // Back-propagates from root (which holds one element and requires grad), then clears the tape.
+  void backward(variable_node<T>* root) {
+    struct clear_at_exit {
+      tape* self;
+      ~clear_at_exit() { self->clear(); }
+    } guard{this};
+    if (root->grad) {
+      if (root->is_leaf) root->grad[0] += T(1);
+      else root->grad[0] = T(1);
+    } else {
+      allocate_grad(root, false)[0] = T(1);
+    }
+    for (int i = root->creator; i >= 0; --i) {
+      const auto& e = entries_[static_cast<std::size_t>(i)];
+      if (!e.out || !e.out->grad) continue;  // dead, or nothing flows back through it
+      e.backward(e);
+      if (!e.out->is_leaf) free_grad(e.out);  // consumed: every user of this value came later on the tape
+    }
+  }
+
+  // Drops every entry; their outputs become values whose graph is gone.
+  void clear() {
+    for (auto& e : entries_)
+      if (e.out) {
+        e.out->creator = -1;
+        e.out->graph_freed = true;
+      }
+    // Releasing may destroy nodes, which no longer point at the tape, so the vector is stable during this loop.
+    for (auto& e : entries_)
+      for (auto*& n : e.in) release(std::exchange(n, nullptr));
+    entries_.clear();
+  }
+
+  std::size_t size() const { return entries_.size(); }
+
+ private:
+  std::vector<tape_entry<T>> entries_;
+};
+
+template <class T>
+void forget_creator(variable_node<T>* n) {
+  int index = n->creator;
+  n->creator = -1;
+  if (!tape<T>::destroyed()) tape<T>::instance().forget(index);
+}
+
+// Where an op's backward puts one input's gradient: data is null when the input needs none; accumulate says whether
+// to add to what is there (a gradient already arrived from another use, or a leaf's .grad) or to write it fresh.
+template <class T>
+struct grad_target {
+  T* data = nullptr;
+  bool accumulate = false;
+};
+template <class T>
+KILN_ALWAYS_INLINE grad_target<T> grad_target_for(variable_node<T>* n) {
+  if (!n || !n->requires_grad) return {};
+  if (n->grad) return {n->grad, true};
+  return {allocate_grad(n, false), false};
+}
+// The same, for kernels that can only add (the weight gradient of dense_backward): a fresh buffer is zero-filled.
+template <class T>
+KILN_ALWAYS_INLINE T* zeroed_grad_for(variable_node<T>* n) {
+  if (!n || !n->requires_grad) return nullptr;
+  if (n->grad) return n->grad;
+  return allocate_grad(n, true);
+}
+
+// Runs compute(destination) for a gradient target: straight into the gradient when it is fresh, else into scratch
+// that is then added with Policy::accumulate. Kernels with an accumulate flag of their own do not need this.
+template <class Policy, class T, class Compute>
+void write_or_add(const grad_target<T>& target, index_t count, Compute&& compute) {
+  if (!target.data) return;
+  if (!target.accumulate) {
+    compute(target.data);
+  } else {
+    scratch_buffer<T> scratch(count);
+    compute(scratch.data());
+    Policy::accumulate(scratch.data(), target.data, count);
+  }
+}
+
+}  // namespace kiln::nn::detail

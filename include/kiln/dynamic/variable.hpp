@@ -1,0 +1,159 @@
+// basic_variable<T> (Variable for float): dynamic mode's tensor, a cheap handle (one pointer, intrusive count) to a
+// value, its gradient and its place on the autograd tape, like a torch.Tensor with requires_grad.
+#pragma once
+
+#include <cstring>
+#include <span>
+#include <utility>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/dynamic/tape.hpp"
+#include "kiln/optim/parameter.hpp"
+
+namespace kiln::nn {
+
+template <class T>
+class basic_variable {
+ public:
+  using value_type = T;
+  using node_type = detail::variable_node<T>;
+
+  // An empty handle (defined() is false).
+  basic_variable() = default;
+  // A zero-filled leaf of the given shape.
+  explicit basic_variable(const kiln::shape& s, bool requires_grad = false)
+      : node_(detail::make_node<T>(s, requires_grad, true)) {
+    if (s.numel()) std::memset(node_->value, 0, static_cast<std::size_t>(s.numel()) * sizeof(T));
+  }
+  // A leaf holding a copy of the data (storage comes from the caching allocator, not the tensor's own buffer).
+  basic_variable(tensor_view<const T> data, bool requires_grad = false)
+      : node_(detail::make_node<T>(data.shape(), requires_grad, true)) {
+    if (data.numel()) std::memcpy(node_->value, data.data(), static_cast<std::size_t>(data.numel()) * sizeof(T));
+  }
+  basic_variable(const Tensor<T>& data, bool requires_grad = false) : basic_variable(data.view(), requires_grad) {}
+
+  basic_variable(const basic_variable& other) noexcept : node_(other.node_) { detail::retain(node_); }
+  basic_variable(basic_variable&& other) noexcept : node_(std::exchange(other.node_, nullptr)) {}
+  basic_variable& operator=(const basic_variable& other) noexcept {
+    detail::retain(other.node_);
+    detail::release(std::exchange(node_, other.node_));
+    return *this;
+  }
+  basic_variable& operator=(basic_variable&& other) noexcept {
+    if (this != &other) detail::release(std::exchange(node_, std::exchange(other.node_, nullptr)));
+    return *this;
+  }
+  ~basic_variable() { detail::release(node_); }
+
+  // Takes ownership of a node with one reference (ops use this for their outputs).
+  static basic_variable adopt(node_type* n) {
+    basic_variable v;
+    v.node_ = n;
+    return v;
+  }
+
+  bool defined() const { return node_ != nullptr; }
+  const kiln::shape& shape() const { return checked()->shape; }
+  int dim() const { return shape().rank(); }
+  index_t numel() const { return shape().numel(); }
+  T* data() const { return checked()->value; }
+  // The value as a writable view (shared: writing through it changes this variable, like tensor.data in PyTorch).
+  tensor_view<T> value() const { return {checked()->value, checked()->shape}; }
+  // A copy of the value.
+  Tensor<T> tensor() const { return Tensor<T>(tensor_view<const T>(value())); }
+  // The single value of a one-element variable.
+  T item() const {
+    if (numel() != 1) fail("Variable::item: expected one element, found shape ", shape());
+    return node_->value[0];
+  }
+
+  // The gradient that backward() left here. Leaves (parameters, inputs created with requires_grad) keep and
+  // accumulate theirs; values computed by ops free theirs once it has been propagated, as in PyTorch.
+  bool has_grad() const { return checked()->grad != nullptr; }
+  tensor_view<T> grad() const {
+    if (!checked()->grad)
+      fail("Variable::grad: no gradient is stored for this value of shape ", shape(),
+           node_->requires_grad ? " (call backward() first; only leaves keep theirs)" : " (it does not require grad)");
+    return {node_->grad, node_->shape};
+  }
+
+  bool requires_grad() const { return checked()->requires_grad; }
+  bool is_leaf() const { return checked()->is_leaf; }
+  // Turns gradient tracking of a leaf on or off. On a parameter, off freezes it: optimizers skip it.
+  basic_variable& set_requires_grad(bool on) {
+    if (!checked()->is_leaf && !on)
+      fail("Variable::set_requires_grad: only a leaf can stop requiring grad; use detach() on a computed value");
+    node_->requires_grad = on;
+    return *this;
+  }
+  // Zero-fills the gradient buffer if there is one (kept allocated, so an optimizer's pointers stay valid).
+  void zero_grad() const {
+    if (checked()->grad) std::memset(node_->grad, 0, static_cast<std::size_t>(numel()) * sizeof(T));
+  }
+  // Allocates a zero gradient if there is none yet (registration does this for parameters).
+  void ensure_grad() const {
+    if (!checked()->grad) detail::allocate_grad(node_, true);
+  }
+
+  // Back-propagates from this one-element value (seeded with 1) into every leaf that requires grad, then clears
+  // this thread's tape.
+  void backward() const {
+    if (numel() != 1)
+      fail("Variable::backward: expected a value with one element (a loss), found shape ", shape(),
+           "; reduce it first, e.g. with nn::sum or nn::mean");
+    if (!node_->requires_grad)
+      fail("Variable::backward: the value does not require grad (no input of the ops that made it requires grad, "
+           "or it was computed under no_grad)");
+    if (node_->creator < 0) {
+      if (node_->graph_freed)
+        fail("Variable::backward: the graph that produced this value was already freed by an earlier backward()");
+      if (node_->grad) node_->grad[0] += T(1);
+      else detail::allocate_grad(node_, false)[0] = T(1);
+      return;
+    }
+    detail::tape<T>::instance().backward(node_);
+  }
+
+  // A leaf sharing this value's storage, cut off from the graph (requires_grad false).
+  basic_variable detach() const {
+    auto* n = detail::make_node<T>(shape(), false, true, false);
+    n->value = node_->value;
+    n->storage_owner = node_;
+    detail::retain(node_);
+    return adopt(n);
+  }
+
+  node_type* node() const { return node_; }
+
+ private:
+  node_type* checked() const {
+    if (!node_) fail("Variable: the handle is empty (default-constructed or moved from)");
+    return node_;
+  }
+  node_type* node_ = nullptr;
+};
+
+using Variable = basic_variable<float>;
+
+// How kiln::optim optimizers see a dynamic parameter (found by ADL): its value and gradient spans and its
+// requires_grad flag as the trainable switch. The gradient must already exist (parameters get one at registration).
+template <class T>
+optim::parameter_slot<T> as_parameter_slot(const basic_variable<T>& v) {
+  v.ensure_grad();
+  auto* n = v.node();
+  return {n->value, n->grad, n->shape.numel(), &n->requires_grad};
+}
+
+// The number of entries on this thread's tape (for tests and diagnostics).
+template <class T = float>
+std::size_t tape_size() {
+  return detail::tape<T>::instance().size();
+}
+// Drops this thread's tape without back-propagating (graphs recorded so far can no longer be differentiated).
+template <class T = float>
+void clear_tape() {
+  detail::tape<T>::instance().clear();
+}
+
+}  // namespace kiln::nn
