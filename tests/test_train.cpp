@@ -194,3 +194,35 @@ TEST_CASE("progress bar line shows steps, bar and values") {
   CHECK(line.find("loss: 0.5000") != std::string::npos);
   CHECK(sink.str() == "Epoch 1/2\n");
 }
+
+TEST_CASE("the same Model interface trains a dynamic module") {
+  auto train = make_blobs(600, 1), test = make_blobs(300, 2);
+  kiln::manual_seed(7);
+  auto net = nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3));
+  Model model(net);
+  model.compile(optim::Adam(), loss::cross_entropy{}, {metric::accuracy});
+  auto history = model.fit(train.x, train.y, {.epochs = 5, .batch_size = 32, .verbose = 0});
+  auto after = model.evaluate(test.x, test.y);
+  CHECK(after["accuracy"] > 0.85);
+  std::ostringstream out;
+  model.summary(out);
+  CHECK(out.str().find("Linear(in_features=4, out_features=16)") != std::string::npos);
+  CHECK(out.str().find("(None, 16)") != std::string::npos);
+  CHECK(out.str().find("Total params: 131") != std::string::npos);
+  CHECK(model.predict(test.x).shape() == shape{300, 3});
+}
+
+TEST_CASE("Model::fit gives the same history in static and dynamic mode") {
+  auto train = make_blobs(256, 8);
+  Net static_net(32, 21);
+  kiln::manual_seed(21);
+  auto dynamic_net = nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3));
+  Model a(static_net);
+  Model b(dynamic_net);
+  a.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy});
+  b.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy});
+  auto ha = a.fit(train.x, train.y, {.epochs = 3, .batch_size = 32, .verbose = 0, .seed = 4});
+  auto hb = b.fit(train.x, train.y, {.epochs = 3, .batch_size = 32, .verbose = 0, .seed = 4});
+  CHECK(ha.series("loss") == hb.series("loss"));
+  CHECK(ha.series("accuracy") == hb.series("accuracy"));
+}

@@ -103,7 +103,7 @@ class Model {
   template <class Optimizer, class Loss>
   void compile(Optimizer optimizer, Loss loss, std::vector<metric::metric_spec> metrics = {}) {
     auto opt = std::make_shared<Optimizer>(std::move(optimizer));
-    if (!opt->has_parameters()) opt->add_parameters(access::parameters(net_));
+    if (!opt->has_parameters()) opt->add_parameters(access_.parameters(net_));
     using target = typename Loss::template target_type<float>;
     compiled_ = std::make_shared<compiled_state>();
     compiled_->wants_labels = std::is_integral_v<target>;
@@ -111,19 +111,19 @@ class Model {
     compiled_->get_lr = [opt] { return opt->lr(); };
     compiled_->set_lr = [opt](double lr) { opt->set_lr(lr); };
     compiled_->train_labels = [this, opt, loss](tensor_view<const float> x, tensor_view<const std::int64_t> y) {
-      if constexpr (std::is_integral_v<target>) return access::train_batch(net_, x, y, loss, *opt);
+      if constexpr (std::is_integral_v<target>) return access_.train_batch(net_, x, y, loss, *opt);
       else return wrong_target<float>();
     };
     compiled_->train_values = [this, opt, loss](tensor_view<const float> x, tensor_view<const float> y) {
-      if constexpr (!std::is_integral_v<target>) return access::train_batch(net_, x, y, loss, *opt);
+      if constexpr (!std::is_integral_v<target>) return access_.train_batch(net_, x, y, loss, *opt);
       else return wrong_target<float>();
     };
     compiled_->eval_labels = [this, loss](tensor_view<const float> x, tensor_view<const std::int64_t> y) {
-      if constexpr (std::is_integral_v<target>) return access::eval_batch(net_, x, y, loss);
+      if constexpr (std::is_integral_v<target>) return access_.eval_batch(net_, x, y, loss);
       else return wrong_target<float>();
     };
     compiled_->eval_values = [this, loss](tensor_view<const float> x, tensor_view<const float> y) {
-      if constexpr (!std::is_integral_v<target>) return access::eval_batch(net_, x, y, loss);
+      if constexpr (!std::is_integral_v<target>) return access_.eval_batch(net_, x, y, loss);
       else return wrong_target<float>();
     };
     metrics_ = std::move(metrics);
@@ -177,7 +177,7 @@ class Model {
   evaluation evaluate(labelled_data<Target> data, index_t batch_size = 0) {
     require_compiled("evaluate");
     check_data(data, "evaluate");
-    index_t batch = batch_size > 0 ? std::min(batch_size, access::max_batch(net_)) : access::max_batch(net_);
+    index_t batch = batch_size > 0 ? std::min(batch_size, access_.max_batch(net_)) : access_.max_batch(net_);
     std::vector<metric::accumulator> acc;
     for (auto& spec : metrics_) acc.emplace_back(spec);
     double loss_sum = 0;
@@ -199,15 +199,15 @@ class Model {
   }
 
   // The model's outputs for x, in evaluation mode.
-  Tensor<float> predict(tensor_view<const float> x) { return access::predict(net_, x); }
+  Tensor<float> predict(tensor_view<const float> x) { return access_.predict(net_, x); }
 
   // Prints a table of layers, output shapes and parameter counts, with totals.
   void summary(std::ostream& out = std::cout) const {
-    auto rows = access::summary_rows(net_);
+    auto rows = access_.summary_rows(net_);
     std::size_t name_w = 20, shape_w = 18;
     for (auto& r : rows) name_w = std::max(name_w, r.name.size() + 2);
     auto rule = [&](char c) { out << std::string(name_w + shape_w + 14, c) << '\n'; };
-    out << "Model (" << access::mode << " mode)\n";
+    out << "Model (" << access_.mode << " mode)\n";
     rule('_');
     out << std::left << std::setw(int(name_w)) << "Layer (type)" << std::setw(int(shape_w)) << "Output Shape"
         << std::right << std::setw(14) << "Param #" << '\n';
@@ -221,7 +221,7 @@ class Model {
           << std::right << std::setw(14) << r.parameters << '\n';
     }
     rule('=');
-    index_t trainable = access::trainable_parameters(net_), frozen = access::non_trainable_parameters(net_);
+    index_t trainable = access_.trainable_parameters(net_), frozen = access_.non_trainable_parameters(net_);
     out << "Total params: " << trainable + frozen << "\nTrainable params: " << trainable
         << "\nNon-trainable params: " << frozen << '\n';
     rule('_');
@@ -252,8 +252,8 @@ class Model {
     double lr() const override { return model_.compiled_->get_lr(); }
     void set_lr(double lr) override { model_.compiled_->set_lr(lr); }
     void request_stop() override { model_.stop_requested_ = true; }
-    train::weight_snapshot weights() const override { return access::weights(model_.net_); }
-    void set_weights(const train::weight_snapshot& w) override { access::set_weights(model_.net_, w); }
+    train::weight_snapshot weights() const override { return model_.access_.weights(model_.net_); }
+    void set_weights(const train::weight_snapshot& w) override { model_.access_.set_weights(model_.net_, w); }
 
    private:
     Model& model_;
@@ -263,10 +263,10 @@ class Model {
   train::history fit_loader(const Dataset& data, const fit_options<typename Dataset::label_type>& options) {
     using Target = typename Dataset::label_type;
     require_compiled("fit");
-    if (data.sample_shape().numel() != access::input_size(net_))
-      fail("Model::fit: expected samples of ", access::input_size(net_), " values, found shape ", data.sample_shape());
-    if (options.batch_size < 1 || options.batch_size > access::max_batch(net_))
-      fail("Model::fit: expected a batch size of 1 to ", access::max_batch(net_),
+    if (access_.input_size(net_) > 0 && data.sample_shape().numel() != access_.input_size(net_))
+      fail("Model::fit: expected samples of ", access_.input_size(net_), " values, found shape ", data.sample_shape());
+    if (options.batch_size < 1 || options.batch_size > access_.max_batch(net_))
+      fail("Model::fit: expected a batch size of 1 to ", access_.max_batch(net_),
            " (the model's maximum batch), found ", options.batch_size);
     if (options.epochs < 0) fail("Model::fit: expected epochs >= 0, found ", options.epochs);
     if (options.validation_data) check_data(*options.validation_data, "fit (validation data)");
@@ -302,7 +302,8 @@ class Model {
         auto t1 = clock::now();
         timing_.data_seconds += seconds(t1 - t0);
         if (!b) break;
-        tensor_view<const float> xb = b->x.reshaped(shape{b->size, access::input_size(net_)});
+        tensor_view<const float> xb = b->x;
+        if (access_.input_size(net_) > 0) xb = xb.reshaped(shape{b->size, access_.input_size(net_)});
         tensor_view<const Target> yb = b->y;
         float loss = train_batch(xb, yb);
         timing_.step_seconds += seconds(clock::now() - t1);
@@ -359,8 +360,8 @@ class Model {
   template <class Target>
   void update_metrics(std::vector<metric::accumulator>& acc, tensor_view<const Target> y, index_t count) {
     if (acc.empty()) return;
-    auto out = access::last_output(net_);
-    metric::batch_view view{out.data(), count, access::output_size(net_), nullptr, nullptr};
+    auto out = access_.last_output(net_);
+    metric::batch_view view{out.data(), count, access_.output_size(net_), nullptr, nullptr};
     if constexpr (std::is_integral_v<Target>) view.labels = y.data();
     else view.targets = y.data();
     for (auto& m : acc) m.update(view);
@@ -370,8 +371,8 @@ class Model {
   }
   template <class Target>
   void check_data(const labelled_data<Target>& d, const char* where) const {
-    if (d.x.rank() < 1 || d.x.shape().row_size() != access::input_size(net_))
-      fail("Model::", where, ": expected inputs of shape [N, ", access::input_size(net_),
+    if (d.x.rank() < 1 || (access_.input_size(net_) > 0 && d.x.shape().row_size() != access_.input_size(net_)))
+      fail("Model::", where, ": expected inputs of shape [N, ", access_.input_size(net_),
            " values per sample], found ", d.x.shape());
     if (d.y.rank() < 1 || d.y.extent(0) != d.x.extent(0))
       fail("Model::", where, ": expected as many targets as inputs (", d.x.extent(0), "), found targets of shape ",
@@ -379,6 +380,7 @@ class Model {
   }
 
   Net& net_;
+  access access_{};
   std::shared_ptr<compiled_state> compiled_;
   std::vector<metric::metric_spec> metrics_;
   fit_timing timing_;
