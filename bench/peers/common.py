@@ -1,0 +1,183 @@
+"""Shared pieces of the Python peers: arguments, thread environment, deterministic data/init, MNIST, RESULT lines.
+
+Deterministic numbers (identical in libtorch_bench.cpp): stream `s` element `i` is
+splitmix64(s * 2**32 + i); uniform u = (z >> 11) * 2**-53; normal k uses elements 2k and 2k+1 (Box-Muller,
+sqrt(-2 ln(1-u1)) cos(2 pi u2)). Every peer therefore trains on the same data from the same initial weights:
+Linear(in, out) weights (PyTorch layout [out, in]) and bias are U(-1/sqrt(in), 1/sqrt(in)), which is exactly the
+range of PyTorch's default init (Kaiming-uniform a=sqrt(5)); only the random stream differs from torch's own.
+"""
+import argparse
+import gzip
+import os
+import statistics
+import sys
+
+import numpy as np
+
+# Stream ids (also in libtorch_bench.cpp).
+S_REG_X, S_REG_Y = 1, 2
+S_WIDE_X, S_WIDE_Y = 3, 4
+S_TINY_X = 5
+S_SHUFFLE = 6
+S_LAYER0 = 100  # layer k: weight stream 100 + 2k, bias stream 101 + 2k; per workload offset below
+WORKLOAD_OFFSET = {"seed_regression": 0, "mnist_mlp": 10, "wide_mlp": 20, "tiny_op": 30}
+
+WORKLOADS = ["seed_regression", "mnist_mlp", "wide_mlp", "tiny_op"]
+M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def parse_args(systems, description):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--system", choices=systems, action="append",
+                   help="system(s) to run (default: all of this script's)")
+    p.add_argument("--workload", choices=WORKLOADS + ["all"], default="all")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="fewer steps/repetitions (mnist_mlp stays a full epoch)")
+    p.add_argument("--data", default=None, help="directory with the MNIST IDX .gz files")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (default 7, quick 5)")
+    p.add_argument("--steps", type=int, default=None, help="steps per repetition (default depends on workload)")
+    a = p.parse_args()
+    a.systems = a.system or systems
+    a.workloads = WORKLOADS if a.workload == "all" else [a.workload]
+    if a.reps is None:
+        a.reps = 5 if a.quick else 7
+    return a
+
+
+def set_thread_env(n):
+    """Must run before numpy/torch/jax/tf are imported for the settings to take."""
+    n = str(n)
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "BLIS_NUM_THREADS",
+              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        os.environ[k] = n
+    flags = os.environ.get("XLA_FLAGS", "")
+    if n == "1":
+        flags += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    else:
+        flags += " intra_op_parallelism_threads=" + n
+    os.environ["XLA_FLAGS"] = flags.strip()
+
+
+# ---------------------------------------------------------------- deterministic numbers
+def _splitmix(stream, n, start=0):
+    with np.errstate(over="ignore"):
+        z = (np.uint64(stream) << np.uint64(32)) + np.arange(start, start + n, dtype=np.uint64)
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return z
+
+
+def uniform(stream, n):
+    """float64 in [0, 1)."""
+    return (_splitmix(stream, n) >> np.uint64(11)).astype(np.float64) * (2.0 ** -53)
+
+
+def normal(stream, shape):
+    n = int(np.prod(shape))
+    u = uniform(stream, 2 * n)
+    z = np.sqrt(-2.0 * np.log(1.0 - u[0::2])) * np.cos(2.0 * np.pi * u[1::2])
+    return z.astype(np.float32).reshape(shape)
+
+
+def linear_init(workload, layer, fan_in, fan_out):
+    """(W [out, in], b [out]) float32, U(+-1/sqrt(fan_in)) like PyTorch's default."""
+    bound = 1.0 / np.sqrt(fan_in)
+    s = S_LAYER0 + WORKLOAD_OFFSET[workload] + 2 * layer
+    w = ((2.0 * uniform(s, fan_in * fan_out) - 1.0) * bound).astype(np.float32).reshape(fan_out, fan_in)
+    b = ((2.0 * uniform(s + 1, fan_out) - 1.0) * bound).astype(np.float32)
+    return w, b
+
+
+def layer_sizes(workload):
+    return {"seed_regression": [100, 10, 1], "mnist_mlp": [784, 128, 10],
+            "wide_mlp": [784, 1024, 1024, 10], "tiny_op": [8, 8]}[workload]
+
+
+def init_params(workload):
+    sz = layer_sizes(workload)
+    return [linear_init(workload, k, sz[k], sz[k + 1]) for k in range(len(sz) - 1)]
+
+
+def regression_data():
+    return normal(S_REG_X, (1000, 100)), normal(S_REG_Y, (1000, 1))
+
+
+def wide_data(batch=256):
+    x = uniform(S_WIDE_X, batch * 784).astype(np.float32).reshape(batch, 784)
+    y = np.minimum((uniform(S_WIDE_Y, batch) * 10).astype(np.int64), 9)
+    return x, y
+
+
+def tiny_input():
+    return normal(S_TINY_X, (1, 8))
+
+
+def permutation(n, seed_stream=S_SHUFFLE):
+    """Seeded shuffle: indices sorted by their random key (stable), as in libtorch_bench.cpp."""
+    return np.argsort(_splitmix(seed_stream, n), kind="stable").astype(np.int64)
+
+
+# ---------------------------------------------------------------- MNIST
+def find_data(explicit=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    cands = []
+    if explicit:
+        cands.append(explicit)
+    if os.environ.get("KILN_DATA"):
+        cands.append(os.environ["KILN_DATA"])
+    cands += ["./data", "../shared/data", "/work/shared/data",
+              os.path.join(here, "..", "..", "data"), os.path.join(here, "..", "..", "..", "shared", "data")]
+    for c in cands:
+        for d in (os.path.join(c, "mnist"), c):
+            if os.path.exists(os.path.join(d, "train-images-idx3-ubyte.gz")):
+                return d
+    raise SystemExit("MNIST not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data)")
+
+
+def load_mnist(explicit=None):
+    """Train set: uint8 images [60000, 784], int64 labels [60000]."""
+    d = find_data(explicit)
+    with gzip.open(os.path.join(d, "train-images-idx3-ubyte.gz")) as f:
+        raw = f.read()
+    magic, n, r, c = (int.from_bytes(raw[i:i + 4], "big") for i in range(0, 16, 4))
+    assert magic == 2051, magic
+    images = np.frombuffer(raw, np.uint8, n * r * c, 16).reshape(n, r * c)
+    with gzip.open(os.path.join(d, "train-labels-idx1-ubyte.gz")) as f:
+        raw = f.read()
+    assert int.from_bytes(raw[0:4], "big") == 2049
+    labels = np.frombuffer(raw, np.uint8, n, 8).astype(np.int64)
+    return images, labels
+
+
+# ---------------------------------------------------------------- output
+def result(system, version, workload, threads, times_us=None, data_us=-1.0, final_loss=float("nan"),
+           status="ok", reason=None, decimals=2):
+    if times_us:
+        med, lo, hi = statistics.median(times_us), min(times_us), max(times_us)
+        f = "%.{}f".format(decimals)
+        s, mn, mx = f % med, f % lo, f % hi
+    else:
+        s = mn = mx = "-1"
+    d = "%.2f" % data_us if data_us is not None and data_us >= 0 else "-1"
+    line = ("RESULT bench=peer system=%s version=%s workload=%s threads=%d step_us=%s min_us=%s max_us=%s "
+            "data_us=%s final_loss=%.6g status=%s" % (system, version, workload, threads, s, mn, mx, d,
+                                                       final_loss, status))
+    if reason:
+        line += " reason=" + reason.replace(" ", "_")
+    print(line, flush=True)
+
+
+def info(**kw):
+    print("INFO " + " ".join("%s=%s" % (k, v) for k, v in kw.items()), flush=True)
+
+
+def reason_of(e):
+    msg = "%s:%s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+    return "".join(ch if ch.isalnum() or ch in "._:-/" else "_" for ch in msg)[:160]
+
+
+def default_steps(workload, quick):
+    return {"seed_regression": 100 if quick else 200, "wide_mlp": 10 if quick else 20,
+            "tiny_op": 2000 if quick else 10000}.get(workload, 0)

@@ -1,0 +1,261 @@
+// LibTorch (C++) peer: the same workloads as common.py / torch_bench.py, same data, same initial weights,
+// same RESULT lines. Built by bench/peers/setup into bench/peers/build/libtorch_bench.
+//
+//   libtorch_bench [--workload NAME|all] [--threads N] [--quick] [--data DIR] [--reps R] [--steps S]
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+#include <sys/stat.h>
+
+namespace {
+
+// ---------------------------------------------------------------- deterministic numbers (see common.py)
+constexpr uint64_t S_REG_X = 1, S_REG_Y = 2, S_WIDE_X = 3, S_WIDE_Y = 4, S_TINY_X = 5, S_SHUFFLE = 6, S_LAYER0 = 100;
+
+uint64_t splitmix(uint64_t stream, uint64_t i) {
+  uint64_t z = (stream << 32) + i + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+double uniform(uint64_t stream, uint64_t i) { return double(splitmix(stream, i) >> 11) * 0x1p-53; }
+
+torch::Tensor normal(uint64_t stream, int64_t rows, int64_t cols) {
+  auto t = torch::empty({rows, cols});
+  float* p = t.data_ptr<float>();
+  for (int64_t k = 0; k < rows * cols; ++k) {
+    double u1 = uniform(stream, 2 * k), u2 = uniform(stream, 2 * k + 1);
+    p[k] = float(std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(2.0 * M_PI * u2));
+  }
+  return t;
+}
+
+int workload_offset(const std::string& w) {
+  return w == "seed_regression" ? 0 : w == "mnist_mlp" ? 10 : w == "wide_mlp" ? 20 : 30;
+}
+
+std::vector<int64_t> layer_sizes(const std::string& w) {
+  if (w == "seed_regression") return {100, 10, 1};
+  if (w == "mnist_mlp") return {784, 128, 10};
+  if (w == "wide_mlp") return {784, 1024, 1024, 10};
+  return {8, 8};
+}
+
+torch::nn::Linear make_linear(const std::string& w, int layer, int64_t in, int64_t out) {
+  torch::nn::Linear lin(in, out);
+  double bound = 1.0 / std::sqrt(double(in));
+  uint64_t s = S_LAYER0 + workload_offset(w) + 2 * layer;
+  torch::NoGradGuard ng;
+  float* wp = lin->weight.data_ptr<float>();
+  for (int64_t k = 0; k < in * out; ++k) wp[k] = float((2.0 * uniform(s, k) - 1.0) * bound);
+  float* bp = lin->bias.data_ptr<float>();
+  for (int64_t k = 0; k < out; ++k) bp[k] = float((2.0 * uniform(s + 1, k) - 1.0) * bound);
+  return lin;
+}
+
+torch::nn::Sequential build(const std::string& w) {
+  auto sz = layer_sizes(w);
+  torch::nn::Sequential seq;
+  for (size_t k = 0; k + 1 < sz.size(); ++k) {
+    seq->push_back(make_linear(w, int(k), sz[k], sz[k + 1]));
+    if (k + 2 < sz.size()) seq->push_back(torch::nn::ReLU());
+  }
+  return seq;
+}
+
+std::vector<int64_t> permutation(int64_t n) {
+  std::vector<uint64_t> key(n);
+  for (int64_t i = 0; i < n; ++i) key[i] = splitmix(S_SHUFFLE, i);
+  std::vector<int64_t> idx(n);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+  return idx;
+}
+
+// ---------------------------------------------------------------- MNIST
+bool exists(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0;
+}
+
+std::string find_data(const std::string& explicit_dir) {
+  std::vector<std::string> c;
+  if (!explicit_dir.empty()) c.push_back(explicit_dir);
+  if (const char* e = std::getenv("KILN_DATA")) c.push_back(e);
+  for (const char* d : {"./data", "../shared/data", "/work/shared/data"}) c.push_back(d);
+  for (auto& d : c)
+    for (auto& sub : {d + "/mnist", d})
+      if (exists(sub + "/train-images-idx3-ubyte.gz")) return sub;
+  std::fprintf(stderr, "MNIST not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data)\n");
+  std::exit(2);
+}
+
+std::vector<uint8_t> gunzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f) { std::fprintf(stderr, "cannot open %s\n", path.c_str()); std::exit(2); }
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> buf(1 << 20);
+  int n;
+  while ((n = gzread(f, buf.data(), unsigned(buf.size()))) > 0) out.insert(out.end(), buf.begin(), buf.begin() + n);
+  gzclose(f);
+  return out;
+}
+
+uint32_t be32(const uint8_t* p) { return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3]; }
+
+// ---------------------------------------------------------------- options and output
+struct Args {
+  std::string workload = "all", data;
+  int threads = 1, reps = -1, steps = -1;
+  bool quick = false;
+} A;
+
+std::string version() { return TORCH_VERSION; }
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void result(const std::string& wl, const std::vector<double>& t, double data_us, double loss, int decimals = 2) {
+  char d[64];
+  if (data_us >= 0) std::snprintf(d, sizeof d, "%.2f", data_us); else std::snprintf(d, sizeof d, "-1");
+  std::printf("RESULT bench=peer system=libtorch version=%s workload=%s threads=%d step_us=%.*f min_us=%.*f "
+              "max_us=%.*f data_us=%s final_loss=%.6g status=ok\n",
+              version().c_str(), wl.c_str(), A.threads, decimals, median(t), decimals,
+              *std::min_element(t.begin(), t.end()), decimals, *std::max_element(t.begin(), t.end()), d, loss);
+  std::fflush(stdout);
+}
+
+int default_steps(const std::string& w) {
+  if (w == "seed_regression") return A.quick ? 100 : 200;
+  if (w == "wide_mlp") return A.quick ? 10 : 20;
+  return A.quick ? 2000 : 10000;
+}
+
+std::vector<double> timed(const std::function<void()>& step, int steps, int warmup) {
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> t;
+  for (int r = 0; r < A.reps; ++r) {
+    double t0 = now();
+    for (int i = 0; i < steps; ++i) step();
+    t.push_back((now() - t0) / steps * 1e6);
+  }
+  return t;
+}
+
+void run_fixed(const std::string& wl, torch::Tensor x, torch::Tensor y, bool mse) {
+  auto model = build(wl);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  torch::Tensor loss;
+  auto step = [&] {
+    opt.zero_grad();
+    auto out = model->forward(x);
+    loss = mse ? torch::mse_loss(out, y) : torch::nn::functional::cross_entropy(out, y);
+    loss.backward();
+    opt.step();
+  };
+  int steps = A.steps > 0 ? A.steps : default_steps(wl);
+  auto t = timed(step, steps, 10);
+  result(wl, t, -1, loss.item<float>());
+}
+
+void run_mnist() {
+  std::string dir = find_data(A.data);
+  auto img = gunzip(dir + "/train-images-idx3-ubyte.gz");
+  auto lab = gunzip(dir + "/train-labels-idx1-ubyte.gz");
+  if (be32(img.data()) != 2051 || be32(lab.data()) != 2049) { std::fprintf(stderr, "bad IDX magic\n"); std::exit(2); }
+  int64_t n = be32(img.data() + 4), rc = int64_t(be32(img.data() + 8)) * be32(img.data() + 12);
+  auto X = torch::from_blob(img.data() + 16, {n, rc}, torch::kUInt8).to(torch::kFloat32).div_(255.0);
+  auto Y = torch::from_blob(lab.data() + 8, {n}, torch::kUInt8).to(torch::kInt64);
+  auto pv = permutation(n);
+  auto perm = torch::from_blob(pv.data(), {n}, torch::kInt64).clone();
+
+  auto model = build("mnist_mlp");
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  const int64_t bs = 64;
+  std::vector<double> dt, st;
+  torch::Tensor loss;
+  double te = now();
+  for (int64_t s = 0; s < n; s += bs) {
+    double t0 = now();
+    auto idx = perm.slice(0, s, std::min(s + bs, n));
+    auto xb = X.index_select(0, idx), yb = Y.index_select(0, idx);
+    double t1 = now();
+    opt.zero_grad();
+    loss = torch::nn::functional::cross_entropy(model->forward(xb), yb);
+    loss.backward();
+    opt.step();
+    double t2 = now();
+    dt.push_back((t1 - t0) * 1e6);
+    st.push_back((t2 - t1) * 1e6);
+  }
+  double epoch = now() - te;
+  double sum_s = std::accumulate(st.begin(), st.end(), 0.0), sum_d = std::accumulate(dt.begin(), dt.end(), 0.0);
+  std::printf("INFO system=libtorch version=%s workload=mnist_mlp threads=%d epoch_s=%.3f steps=%zu mean_step_us=%.1f "
+              "mean_data_us=%.1f samples=%lld\n", version().c_str(), A.threads, epoch, st.size(), sum_s / st.size(),
+              sum_d / dt.size(), (long long)n);
+  result("mnist_mlp", st, median(dt), loss.item<float>());
+}
+
+void run_tiny() {
+  auto lin = make_linear("tiny_op", 0, 8, 8);
+  auto x = normal(S_TINY_X, 1, 8);
+  torch::Tensor out;
+  int steps = A.steps > 0 ? A.steps : default_steps("tiny_op");
+  auto t = timed([&] { out = lin->forward(x); }, steps, 50);
+  result("tiny_op_forward", t, -1, out.sum().item<float>(), 3);
+  t = timed([&] { out = lin->forward(x).sum(); out.backward(); }, steps, 50);
+  result("tiny_op_step", t, -1, out.item<float>(), 3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); } return std::string(argv[++i]); };
+    if (a == "--workload") A.workload = next();
+    else if (a == "--threads") A.threads = std::stoi(next());
+    else if (a == "--quick") A.quick = true;
+    else if (a == "--data") A.data = next();
+    else if (a == "--reps") A.reps = std::stoi(next());
+    else if (a == "--steps") A.steps = std::stoi(next());
+    else { std::fprintf(stderr, "usage: %s [--workload NAME|all] [--threads N] [--quick] [--data DIR] [--reps R] [--steps S]\n", argv[0]); return 2; }
+  }
+  if (A.reps < 0) A.reps = A.quick ? 5 : 7;
+  // OMP_NUM_THREADS/MKL_NUM_THREADS are also set by run_all before the process starts.
+  at::set_num_threads(A.threads);
+  at::set_num_interop_threads(A.threads);
+  torch::manual_seed(0);
+  std::vector<std::string> wls = {"seed_regression", "mnist_mlp", "wide_mlp", "tiny_op"};
+  if (A.workload != "all") {
+    if (std::find(wls.begin(), wls.end(), A.workload) == wls.end()) { std::fprintf(stderr, "unknown workload %s\n", A.workload.c_str()); return 2; }
+    wls = {A.workload};
+  }
+  for (auto& w : wls) {
+    if (w == "seed_regression") run_fixed(w, normal(S_REG_X, 1000, 100), normal(S_REG_Y, 1000, 1), true);
+    else if (w == "wide_mlp") {
+      auto x = torch::empty({256, 784});
+      for (int64_t k = 0; k < 256 * 784; ++k) x.data_ptr<float>()[k] = float(uniform(S_WIDE_X, k));
+      auto y = torch::empty({256}, torch::kInt64);
+      for (int64_t k = 0; k < 256; ++k) y.data_ptr<int64_t>()[k] = std::min<int64_t>(int64_t(uniform(S_WIDE_Y, k) * 10), 9);
+      run_fixed(w, x, y, false);
+    } else if (w == "mnist_mlp") run_mnist();
+    else run_tiny();
+  }
+  return 0;
+}

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""PyTorch peers: pytorch_tutorial, pytorch_preloaded, pytorch_compile.
+
+Runs with whatever torch the interpreter has: /usr/bin/python3 (Debian's python3-torch 1.13) or
+bench/peers/.venv/bin/python (current torch from PyPI). See README.md.
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common as C  # noqa: E402
+
+SYSTEMS = ["pytorch_tutorial", "pytorch_preloaded", "pytorch_compile"]
+args = C.parse_args(SYSTEMS, __doc__)
+C.set_thread_env(args.threads)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+torch.set_num_threads(args.threads)
+try:
+    torch.set_num_interop_threads(args.threads)
+except RuntimeError:
+    pass
+torch.manual_seed(0)
+VERSION = torch.__version__.split("+")[0]
+now = time.perf_counter
+
+
+def build(workload):
+    sz = C.layer_sizes(workload)
+    layers = []
+    for k, (w, b) in enumerate(C.init_params(workload)):
+        lin = nn.Linear(sz[k], sz[k + 1])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+            lin.bias.copy_(torch.from_numpy(b))
+        layers.append(lin)
+        if k + 1 < len(sz) - 1:
+            layers.append(nn.ReLU())
+    if workload == "mnist_mlp":
+        layers.insert(0, nn.Flatten())
+    return nn.Sequential(*layers)
+
+
+def maybe_compile(system, model):
+    if system != "pytorch_compile":
+        return model
+    return torch.compile(model)
+
+
+def compile_unavailable():
+    if not hasattr(torch, "compile"):
+        return "torch_%s_has_no_torch.compile" % VERSION
+    return None
+
+
+def timed_steps(step, steps, reps, warmup=10):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(reps):
+        t0 = now()
+        for _ in range(steps):
+            step()
+        times.append((now() - t0) / steps * 1e6)
+    return times
+
+
+def run_fixed_batch(system, workload, x, y, lossfn):
+    """seed_regression (full batch) and wide_mlp (one fixed batch): median of reps of `steps` steps."""
+    model = maybe_compile(system, build(workload))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    tutorial = system == "pytorch_tutorial"
+    last = [None]
+
+    def step():
+        opt.zero_grad()
+        loss = lossfn(model(x), y)
+        loss.backward()
+        opt.step()
+        last[0] = loss.item() if tutorial else loss
+    steps = args.steps or C.default_steps(workload, args.quick)
+    t0 = now()
+    step()  # first step (compilation for pytorch_compile)
+    info(system, workload, first_step_s="%.3f" % (now() - t0))
+    times = timed_steps(step, steps, args.reps, warmup=9)
+    C.result(system, VERSION, workload, args.threads, times, -1, float(last[0]))
+
+
+class MnistDataset(torch.utils.data.Dataset):
+    """The tutorial way: one sample at a time, converted to float on access."""
+
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.images[i]).float().div_(255.0), int(self.labels[i])
+
+
+def run_mnist(system):
+    images, labels = C.load_mnist(args.data)
+    model = maybe_compile(system, build("mnist_mlp"))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    n, bs = len(labels), 64
+    data_t, step_t = [], []
+    losses = []
+    if system == "pytorch_tutorial":
+        g = torch.Generator()
+        g.manual_seed(0)
+        loader = torch.utils.data.DataLoader(MnistDataset(images, labels), batch_size=bs, shuffle=True,
+                                             num_workers=0, generator=g)
+        t_epoch = now()
+        it = iter(loader)
+        while True:
+            t0 = now()
+            try:
+                xb, yb = next(it)
+            except StopIteration:
+                break
+            t1 = now()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            t2 = now()
+            data_t.append((t1 - t0) * 1e6)
+            step_t.append((t2 - t1) * 1e6)
+        epoch = now() - t_epoch
+        final = losses[-1]
+    else:
+        t_load = now()
+        X = torch.from_numpy(images).float().div_(255.0)
+        Y = torch.from_numpy(labels)
+        perm = torch.from_numpy(C.permutation(n))
+        info(system, "mnist_mlp", preload_s="%.3f" % (now() - t_load))
+        t_epoch = now()
+        for s in range(0, n, bs):
+            t0 = now()
+            idx = perm[s:s + bs]
+            xb, yb = X.index_select(0, idx), Y.index_select(0, idx)
+            t1 = now()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            t2 = now()
+            data_t.append((t1 - t0) * 1e6)
+            step_t.append((t2 - t1) * 1e6)
+        epoch = now() - t_epoch
+        final = loss.item()
+    info(system, "mnist_mlp", epoch_s="%.3f" % epoch, steps=len(step_t),
+         mean_step_us="%.1f" % (sum(step_t) / len(step_t)), mean_data_us="%.1f" % (sum(data_t) / len(data_t)),
+         first_step_s="%.3f" % (step_t[0] / 1e6), samples=n)
+    C.result(system, VERSION, "mnist_mlp", args.threads, step_t, float(np.median(data_t)), final)
+
+
+def run_tiny(system):
+    if system == "pytorch_tutorial":
+        info(system, "tiny_op", note="same_code_as_pytorch_preloaded_skipped")
+        return
+    lin = build("tiny_op")
+    f = maybe_compile(system, lin)
+    x = torch.from_numpy(C.tiny_input())
+    n = args.steps or C.default_steps("tiny_op", args.quick)
+    out = [None]
+
+    def fwd():
+        out[0] = f(x)
+
+    def step():
+        y = f(x).sum()
+        y.backward()
+        out[0] = y
+    for name, fn in (("tiny_op_forward", fwd), ("tiny_op_step", step)):
+        times = timed_steps(fn, n, args.reps, warmup=50)
+        C.result(system, VERSION, name, args.threads, times, -1, float(out[0].sum()), decimals=3)
+
+
+def info(system, workload, **kw):
+    C.info(system=system, version=VERSION, workload=workload, threads=args.threads, **kw)
+
+
+def main():
+    for system in args.systems:
+        if system == "pytorch_compile":
+            why = compile_unavailable()
+            if why:
+                for w in args.workloads:
+                    for name in (["tiny_op_forward", "tiny_op_step"] if w == "tiny_op" else [w]):
+                        C.result(system, VERSION, name, args.threads, status="unavailable", reason=why)
+                continue
+        for w in args.workloads:
+            try:
+                if w == "seed_regression":
+                    x, y = (torch.from_numpy(a) for a in C.regression_data())
+                    run_fixed_batch(system, w, x, y, F.mse_loss)
+                elif w == "wide_mlp":
+                    x, y = (torch.from_numpy(a) for a in C.wide_data())
+                    run_fixed_batch(system, w, x, y, F.cross_entropy)
+                elif w == "mnist_mlp":
+                    run_mnist(system)
+                elif w == "tiny_op":
+                    run_tiny(system)
+            except Exception as e:  # a peer that breaks reports it instead of stopping the harness
+                if os.environ.get("PEER_DEBUG"):
+                    raise
+                names = ["tiny_op_forward", "tiny_op_step"] if w == "tiny_op" else [w]
+                for name in names:
+                    C.result(system, VERSION, name, args.threads, status="unavailable", reason=C.reason_of(e))
+
+
+if __name__ == "__main__":
+    main()
