@@ -39,7 +39,7 @@ struct loader_options {
   bool drop_last = false;        // drop a last batch smaller than batch_size
   std::uint64_t seed = 0;        // fixes the order of every epoch and every augmentation draw
   int prefetch = 0;              // batches assembled ahead by a background thread; 0: assembled in next()
-  int threads = 1;               // threads that assemble one batch (OpenMP), for costly transforms
+  int threads = 1;               // threads that transform the samples of one batch (OpenMP); copies stay serial
   transform_fn<T> transform{};   // applied in place to every sample's features; labels are never touched
 };
 
@@ -197,7 +197,7 @@ class data_loader {
       }
     };
 #if defined(_OPENMP)
-    if (options_.threads > 1 && rows > 1) {
+    if (options_.threads > 1 && rows > 1 && options_.transform) {  // plain copies are too cheap to share out
 #pragma omp parallel for num_threads(options_.threads) schedule(static)
       for (index_t k = 0; k < rows; ++k) {
         try {

@@ -135,12 +135,14 @@ struct gaussian_noise {
   float std = 0.1f;
   template <class T>
   void operator()(tensor_view<T> x, transform_context& ctx) const {
-    // Box-Muller, using both outputs of each pair of uniforms (twice as fast as one normal() per element).
+    // Box-Muller in float, using both outputs of each pair of 24-bit uniforms: noise needs no double precision, and
+    // this is about 3x faster than one double-precision normal() per element.
     T* v = x.data();
     const index_t n = x.numel();
+    constexpr float two_pi = 2.0f * std::numbers::pi_v<float>;
     for (index_t i = 0; i < n; i += 2) {
-      const double u1 = 1.0 - ctx.rng.uniform<double>(), u2 = ctx.rng.uniform<double>();
-      const double radius = static_cast<double>(std) * std::sqrt(-2.0 * std::log(u1)), theta = 2.0 * std::numbers::pi * u2;
+      const float u1 = 1.0f - ctx.rng.uniform<float>(), u2 = ctx.rng.uniform<float>();  // u1 in (0, 1]
+      const float radius = std * std::sqrt(-2.0f * std::log(u1)), theta = two_pi * u2;
       v[i] += static_cast<T>(radius * std::cos(theta));
       if (i + 1 < n) v[i + 1] += static_cast<T>(radius * std::sin(theta));
     }
