@@ -12,6 +12,14 @@ using kiln::test::check_close;
 using kiln::test::fixture;
 using P = policy::cpu;
 
+namespace {
+// Joins two strings without operator+ on a literal, which trips GCC 12's false -Wrestrict warning at -O3.
+std::string join(std::string head, const std::string& tail) {
+  head += tail;
+  return head;
+}
+}  // namespace
+
 TEST_CASE("Linear forward and backward match PyTorch") {
   for (std::string name : {"linear", "linear_nobias"}) {
     CAPTURE(name);
@@ -100,12 +108,6 @@ TEST_CASE("losses match PyTorch") {
 }
 
 namespace {
-// Joins two strings without operator+ on a literal, which trips GCC 12's false -Wrestrict warning at -O3.
-std::string join(std::string head, const std::string& tail) {
-  head += tail;
-  return head;
-}
-
 // Runs 5 steps of an optimizer with PyTorch's recorded gradients and compares each step's parameters.
 template <class Optimizer>
 void check_optimizer_steps(const fixture& f, Optimizer& opt, Tensor<float>& param, Tensor<float>& grad) {

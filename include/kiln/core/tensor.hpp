@@ -59,7 +59,8 @@ class Tensor {
  public:
   using value_type = T;
 
-  Tensor() = default;
+  // An empty tensor of shape [0], as torch.Tensor() (a rank-0 shape would claim one element it does not have).
+  Tensor() : shape_{0} {}
   // Zero-filled tensor of the given shape.
   explicit Tensor(const kiln::shape& s) : shape_(s), storage_(s.numel()) { fill(T{}); }
   Tensor(const kiln::shape& s, T value) : shape_(s), storage_(s.numel()) { fill(value); }
