@@ -33,7 +33,7 @@ struct activation_layer {
     template <class T>
     static void init(T*, random_generator&) {}
     template <class Policy, class T>
-    static void forward(const T*, const T* x, T* y, T*, const layer_context& ctx, bool) {
+    static void forward(const T*, T*, const T* x, T* y, T*, const layer_context& ctx, bool) {
       if constexpr (Kind != activation::identity) Policy::activation_forward(Kind, x, y, ctx.batch * In::size, T(Slope));
     }
     template <class Policy, class T>

@@ -74,7 +74,7 @@ struct Dense {
       dense_init<T>({params, weight_size}, {params + weight_size, Bias ? Out : 0}, in, rng);
     }
     template <class Policy, class T>
-    static void forward(const T* params, const T* x, T* y, T* scratch, const layer_context& ctx, bool fuse) {
+    static void forward(const T* params, T*, const T* x, T* y, T* scratch, const layer_context& ctx, bool fuse) {
       const T* bias = Bias ? params + weight_size : nullptr;
       if (fuse || Act::kind == activation::identity) {
         dense_forward<Policy>(x, params, bias, y, ctx.batch, in, Out, Act::kind, T(Act::slope), scratch);

@@ -27,7 +27,7 @@ struct Flatten {
     template <class T>
     static void init(T*, random_generator&) {}
     template <class Policy, class T>
-    static void forward(const T*, const T*, T*, T*, const layer_context&, bool) {}
+    static void forward(const T*, T*, const T*, T*, T*, const layer_context&, bool) {}
     template <class Policy, class T>
     static void backward(const T*, const T*, const T*, T*, T*, T*, T*, const layer_context&) {}
     static std::string description() { return "Flatten"; }

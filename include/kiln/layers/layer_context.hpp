@@ -10,7 +10,19 @@ namespace kiln {
 struct layer_context {
   index_t batch = 0;
   bool training = true;
-  random_generator* rng = nullptr;  // for layers that draw (dropout); null when none is needed
+  random_generator* rng = nullptr;  // for layers that draw (dropout): they take their numbers from it in order
 };
+
+// The interface of a static layer type L, bound to its input shape as L::bind<In> (see layers/dense.hpp):
+//   output                      dims<...> of one output sample
+//   param_count                 trainable elements in the flat parameter buffer (weights first, PyTorch's order)
+//   buffer_count (optional)     non-trainable state (running statistics) in the flat buffer of buffers
+//   scratch_per_sample          per-sample memory kept from forward to backward (pre-activations, masks, statistics)
+//   aliases_input               the output is the input buffer under another shape (Flatten): no copy, no memory
+//   init(params, rng), init_buffers(buffers) (optional)
+//   forward<Policy>(params, buffers, x, y, scratch, ctx, fuse)
+//   backward<Policy>(params, x, y, dy, dx or null, dparams, scratch, ctx)   dy may be overwritten
+//   parameter_tensors(), buffer_tensors() (optional)   names, shapes and offsets for state_dict
+//   description()                                        the summary's name for the layer
 
 }  // namespace kiln

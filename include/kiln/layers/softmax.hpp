@@ -54,7 +54,7 @@ struct softmax_layer {
     template <class T>
     static void init(T*, random_generator&) {}
     template <class Policy, class T>
-    static void forward(const T*, const T* x, T* y, T*, const layer_context& ctx, bool) {
+    static void forward(const T*, T*, const T* x, T* y, T*, const layer_context& ctx, bool) {
       softmax_forward<Policy>(x, y, In::batch_shape(ctx.batch), Dim, Log);
     }
     template <class Policy, class T>

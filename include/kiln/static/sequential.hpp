@@ -45,6 +45,13 @@ constexpr index_t align_up(index_t n, index_t to) { return (n + to - 1) / to * t
 inline constexpr index_t parameter_alignment = 16;
 template <class B>
 concept describes_parameters = requires { B::parameter_tensors(); };
+template <class B>
+concept has_buffers = requires { B::buffer_count; B::buffer_tensors(); };
+template <class B>
+constexpr index_t buffer_count_of() {
+  if constexpr (has_buffers<B>) return B::buffer_count;
+  else return 0;
+}
 template <class L>
 concept has_fused_activation = requires { L::fused_activation; };
 }  // namespace detail
@@ -79,6 +86,14 @@ class Sequential {
   }
   static constexpr auto param_offsets = compute_offsets(std::make_index_sequence<layer_count>{});
   template <std::size_t... I>
+  static constexpr std::array<index_t, layer_count + 1> compute_buffer_offsets(std::index_sequence<I...>) {
+    std::array<index_t, layer_count + 1> offsets{};
+    index_t counts[] = {detail::buffer_count_of<bound<I>>()...};
+    for (std::size_t i = 0; i < layer_count; ++i) offsets[i + 1] = offsets[i] + counts[i];
+    return offsets;
+  }
+  static constexpr auto buffer_offsets = compute_buffer_offsets(std::make_index_sequence<layer_count>{});
+  template <std::size_t... I>
   static constexpr bool all_alias(std::index_sequence<I...>) {
     return (bound<I>::aliases_input && ...);
   }
@@ -88,14 +103,17 @@ class Sequential {
  public:
   // Total parameter elements including alignment padding between layers (the padding stays zero).
   static constexpr index_t flat_parameter_size = param_offsets[layer_count];
+  // Total non-trainable state (running statistics), kept in a second flat buffer.
+  static constexpr index_t flat_buffer_size = buffer_offsets[layer_count];
 
   // Plans and allocates everything for batches of up to max_batch samples, initialising the k-th layer that has
   // parameters from random_generator(seed).fork(k), like dynamic mode after kiln::manual_seed(seed).
   explicit Sequential(index_t max_batch, std::uint64_t seed = 0, static_options options = {})
-      : max_batch_(max_batch), options_(options) {
+      : max_batch_(max_batch), options_(options), rng_(seed, std::uint64_t{1} << 62) {
     if (max_batch <= 0) fail("Sequential: expected a positive maximum batch, found ", max_batch);
     params_ = Tensor<T>(shape{flat_parameter_size});
     grads_ = Tensor<T>(shape{flat_parameter_size});
+    buffers_ = Tensor<T>(shape{flat_buffer_size});
     plan_workspace(std::make_index_sequence<layer_count>{});
     initialize(seed);
   }
@@ -110,7 +128,9 @@ class Sequential {
         random_generator rng = root.fork(stream++);
         bound<I>::init(params_.data() + param_offsets[I], rng);
       }
+      if constexpr (detail::has_buffers<bound<I>>) bound<I>::init_buffers(buffers_.data() + buffer_offsets[I]);
     });
+    rng_ = random_generator(seed, std::uint64_t{1} << 62);
   }
 
   index_t max_batch() const { return max_batch_; }
@@ -124,7 +144,7 @@ class Sequential {
   // Runs the layers on a batch and returns a view of the output inside the workspace (valid until the next call).
   tensor_view<const T> forward(tensor_view<const T> x) {
     index_t batch = check_input(x, "Sequential::forward");
-    layer_context ctx{batch, training_, nullptr};
+    layer_context ctx{batch, training_, &rng_};
     run_forward(x.data(), ctx);
     return {output_pointer(), output_shape::batch_shape(batch)};
   }
@@ -143,7 +163,7 @@ class Sequential {
     training_ = false;
     for (index_t first = 0; first < samples; first += max_batch_) {
       index_t count = std::min(max_batch_, samples - first);
-      layer_context ctx{count, false, nullptr};
+      layer_context ctx{count, false, &rng_};
       run_forward(x.data() + first * input_shape::size, ctx);
       Policy::copy(output_pointer(), out.data() + first * output_shape::size, count * output_shape::size);
     }
@@ -168,7 +188,7 @@ class Sequential {
                      const Loss& loss) {
     index_t batch = check_input(x, "Sequential::train_step");
     check_target<Loss>(target, batch);
-    layer_context ctx{batch, true, nullptr};
+    layer_context ctx{batch, true, &rng_};
     run_forward(x.data(), ctx);
     T value = loss.template forward_backward<Policy>(output_pointer(), target.data(), output_grad_, batch,
                                                      output_shape::size);
@@ -182,7 +202,7 @@ class Sequential {
                const Loss& loss) {
     index_t batch = check_input(x, "Sequential::loss_value");
     check_target<Loss>(target, batch);
-    layer_context ctx{batch, false, nullptr};
+    layer_context ctx{batch, false, &rng_};
     run_forward(x.data(), ctx);
     return loss.template forward_backward<Policy>(output_pointer(), target.data(), static_cast<T*>(nullptr), batch,
                                                   output_shape::size);
@@ -219,18 +239,42 @@ class Sequential {
     return out;
   }
 
-  // Copies of the parameters by name, PyTorch's state_dict layout.
+  // Every buffer (running statistics) by PyTorch name, with offsets into the flat buffer of buffers.
+  static std::vector<static_parameter_info> named_buffer_infos() {
+    std::vector<static_parameter_info> out;
+    int torch_index = 0;
+    for_each_layer([&]<std::size_t I>() {
+      if constexpr (detail::has_buffers<bound<I>>) {
+        for (auto info : bound<I>::buffer_tensors()) {
+          info.name = std::to_string(torch_index) + "." + info.name;
+          info.offset += buffer_offsets[I];
+          out.push_back(info);
+        }
+      }
+      torch_index += 1;
+      if constexpr (detail::has_fused_activation<layer<I>>)
+        if (layer<I>::fused_activation != activation::identity) torch_index += 1;
+    });
+    return out;
+  }
+
+  // Copies of the parameters and buffers by name, PyTorch's state_dict layout (a layer's parameters, then its
+  // buffers, layer by layer).
   std::vector<std::pair<std::string, Tensor<T>>> state_dict() const {
     std::vector<std::pair<std::string, Tensor<T>>> out;
-    for (auto& p : named_parameter_infos())
-      out.emplace_back(p.name, Tensor<T>(tensor_view<const T>(params_.data() + p.offset, p.shape)));
+    for (auto& [p, is_buffer] : state_infos()) {
+      const T* base = is_buffer ? buffers_.data() : params_.data();
+      out.emplace_back(p.name, Tensor<T>(tensor_view<const T>(base + p.offset, p.shape)));
+    }
     return out;
   }
   // Loads parameters by name. Every name must be present with the right shape; all are checked before any is
   // copied, so a failed load leaves the model unchanged.
   template <class Dict>
   void load_state_dict(const Dict& dict) {
-    auto infos = named_parameter_infos();
+    auto states = state_infos();
+    std::vector<static_parameter_info> infos;
+    for (auto& [info, is_buffer] : states) infos.push_back(info);
     std::vector<const Tensor<T>*> sources;
     for (auto& p : infos) {
       const Tensor<T>* found = nullptr;
@@ -247,9 +291,15 @@ class Sequential {
       for (auto& p : infos) known = known || p.name == name;
       if (!known) fail("Sequential::load_state_dict: unexpected parameter '", name, "'");
     }
-    for (std::size_t i = 0; i < infos.size(); ++i)
-      Policy::copy(sources[i]->data(), params_.data() + infos[i].offset, infos[i].shape.numel());
+    for (std::size_t i = 0; i < infos.size(); ++i) {
+      T* base = states[i].second ? buffers_.data() : params_.data();
+      Policy::copy(sources[i]->data(), base + infos[i].offset, infos[i].shape.numel());
+    }
   }
+
+  // The flat buffer of non-trainable state.
+  std::span<T> buffer_values() { return buffers_.span(); }
+  std::span<const T> buffer_values() const { return buffers_.span(); }
 
   // The flat parameter and gradient buffers.
   std::span<T> parameter_values() { return params_.span(); }
@@ -276,6 +326,23 @@ class Sequential {
   index_t workspace_bytes() const { return static_cast<index_t>(workspace_.size() * sizeof(T)); }
 
  private:
+  // Parameters and buffers in state_dict order: layer by layer, parameters before buffers; second: is a buffer.
+  static std::vector<std::pair<static_parameter_info, bool>> state_infos() {
+    std::vector<std::pair<static_parameter_info, bool>> out;
+    auto params = named_parameter_infos();
+    auto buffers = named_buffer_infos();
+    auto layer_of = [](const std::string& name) { return std::stoi(name.substr(0, name.find('.'))); };
+    std::size_t b = 0;
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      while (b < buffers.size() && layer_of(buffers[b].name) < layer_of(params[p].name)) out.emplace_back(buffers[b++], true);
+      out.emplace_back(params[p], false);
+      if (p + 1 == params.size() || layer_of(params[p + 1].name) != layer_of(params[p].name))
+        while (b < buffers.size() && layer_of(buffers[b].name) == layer_of(params[p].name)) out.emplace_back(buffers[b++], true);
+    }
+    while (b < buffers.size()) out.emplace_back(buffers[b++], true);
+    return out;
+  }
+
   template <class Body>
   static void for_each_layer(Body&& body) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -315,8 +382,8 @@ class Sequential {
     for_each_layer([&]<std::size_t I>() {
       using B = bound<I>;
       T* out = B::aliases_input ? const_cast<T*>(in) : activations_[I];
-      B::template forward<Policy>(params_.data() + param_offsets[I], in, out, scratch_[I], ctx,
-                                  options_.fuse_epilogues);
+      B::template forward<Policy>(params_.data() + param_offsets[I], buffers_.data() + buffer_offsets[I], in, out,
+                                  scratch_[I], ctx, options_.fuse_epilogues);
       inputs_[I] = in;
       outputs_[I] = out;
       in = out;
@@ -362,7 +429,8 @@ class Sequential {
   index_t max_batch_;
   static_options options_;
   bool training_ = true;
-  Tensor<T> params_, grads_;
+  Tensor<T> params_, grads_, buffers_;
+  random_generator rng_;
   aligned_buffer<T> workspace_;
   std::array<T*, layer_count> activations_{}, gradients_{}, scratch_{}, input_gradients_{};
   std::array<const T*, layer_count> inputs_{};
