@@ -179,5 +179,5 @@ def reason_of(e):
 
 
 def default_steps(workload, quick):
-    return {"seed_regression": 100 if quick else 200, "wide_mlp": 10 if quick else 20,
+    return {"seed_regression": 200, "wide_mlp": 10 if quick else 20,
             "tiny_op": 2000 if quick else 10000}.get(workload, 0)

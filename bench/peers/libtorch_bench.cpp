@@ -141,7 +141,7 @@ void result(const std::string& wl, const std::vector<double>& t, double data_us,
 }
 
 int default_steps(const std::string& w) {
-  if (w == "seed_regression") return A.quick ? 100 : 200;
+  if (w == "seed_regression") return 200;
   if (w == "wide_mlp") return A.quick ? 10 : 20;
   return A.quick ? 2000 : 10000;
 }

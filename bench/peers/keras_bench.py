@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Keras 3 peers: keras_fit (model.fit / train_on_batch) and keras_loop (custom training loop).
+
+Backend: JAX by default (jax[cpu] is a ~100 MB install from PyPI; TensorFlow is several times larger), or --backend
+torch|tensorflow if installed. The custom loop is the JAX-idiomatic one from the Keras guide: a jitted step of
+jax.value_and_grad over model.stateless_call plus optimizer.stateless_apply (the GradientTape analogue); with the
+torch backend it is the eager torch loop (loss.backward(), optimizer.apply).
+Run with bench/peers/.venv/bin/python.
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common as C  # noqa: E402
+
+SYSTEMS = ["keras_fit", "keras_loop"]
+_backend = "jax"
+if "--backend" in sys.argv:
+    i = sys.argv.index("--backend")
+    _backend = sys.argv[i + 1]
+    del sys.argv[i:i + 2]
+args = C.parse_args(SYSTEMS, __doc__)
+C.set_thread_env(args.threads)
+os.environ["KERAS_BACKEND"] = _backend
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import keras  # noqa: E402
+
+B = keras.backend.backend()
+if B == "jax":
+    import jax
+    import jax.numpy as jnp
+    BVER = jax.__version__
+elif B == "torch":
+    import torch
+    torch.set_num_threads(args.threads)
+    try:
+        torch.set_num_interop_threads(args.threads)
+    except RuntimeError:
+        pass
+    BVER = torch.__version__.split("+")[0]
+elif B == "tensorflow":
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    BVER = tf.__version__
+VERSION = "%s+%s%s" % (keras.__version__, B, BVER)
+now = time.perf_counter
+keras.utils.set_random_seed(0)
+
+
+def build(workload):
+    """Sequential MLP carrying the shared initial weights (PyTorch-default ranges)."""
+    sz = C.layer_sizes(workload)
+    params = C.init_params(workload)
+    layers = [keras.Input((sz[0],))]
+    for k in range(len(sz) - 1):
+        act = "relu" if k + 1 < len(sz) - 1 else None
+        layers.append(keras.layers.Dense(sz[k + 1], activation=act))
+    model = keras.Sequential(layers)
+    dense = [l for l in model.layers if isinstance(l, keras.layers.Dense)]
+    for lay, (w, b) in zip(dense, params):
+        lay.set_weights([w.T.copy(), b])
+    return model
+
+
+def loss_for(workload):
+    if workload == "seed_regression":
+        return keras.losses.MeanSquaredError()
+    if workload == "tiny_op":
+        return lambda y_true, y_pred: keras.ops.sum(y_pred)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def to_backend(a):
+    if B == "jax":
+        return jnp.asarray(a)
+    if B == "torch":
+        return torch.from_numpy(np.ascontiguousarray(a))
+    return tf.convert_to_tensor(a)
+
+
+def sync(x):
+    if B == "jax":
+        x.block_until_ready()
+    return float(x)
+
+
+class BatchTimes(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.t = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.t.append(now())
+
+
+# ---------------------------------------------------------------- keras_fit
+def fit_fixed(workload, x, y):
+    model = build(workload)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=1e-8), loss=loss_for(workload))
+    steps = args.steps or C.default_steps(workload, args.quick)
+    bs = len(x)
+    t0 = now()
+    model.fit(np.tile(x, (10, 1)), np.tile(y, (10,) + (1,) * (y.ndim - 1)), batch_size=bs, epochs=1,
+              shuffle=False, verbose=0)  # 10 warm-up steps, includes tracing/compilation
+    info("keras_fit", workload, warmup_s="%.3f" % (now() - t0))
+    xt, yt = np.tile(x, (steps, 1)), np.tile(y, (steps,) + (1,) * (y.ndim - 1))
+    times = []
+    for _ in range(args.reps):
+        t0 = now()
+        h = model.fit(xt, yt, batch_size=bs, epochs=1, shuffle=False, verbose=0)
+        times.append((now() - t0) / steps * 1e6)
+    C.result("keras_fit", VERSION, workload, args.threads, times, -1, h.history["loss"][-1])
+
+
+def fit_mnist():
+    images, labels = C.load_mnist(args.data)
+    perm = C.permutation(len(labels))
+    t0 = now()
+    X = (images[perm].astype(np.float32) / 255.0)
+    Y = labels[perm]
+    info("keras_fit", "mnist_mlp", preload_s="%.3f" % (now() - t0))
+    model = build("mnist_mlp")
+    model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=1e-8), loss=loss_for("mnist_mlp"))
+    cb = BatchTimes()
+    t0 = now()
+    h = model.fit(X, Y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    epoch = now() - t0
+    iv = np.diff(np.array([t0] + cb.t)) * 1e6
+    info("keras_fit", "mnist_mlp", epoch_s="%.3f" % epoch, steps=len(iv), mean_step_us="%.1f" % iv.mean(),
+         first_step_s="%.3f" % (iv[0] / 1e6), samples=len(Y),
+         note="step_us=median_interval_between_batches_incl_data_pipeline")
+    C.result("keras_fit", VERSION, "mnist_mlp", args.threads, list(iv), -1, h.history["loss"][-1])
+
+
+# ---------------------------------------------------------------- keras_loop
+def make_step(model, loss_fn, opt, update=True):
+    """Returns (step(x, y) -> loss, finish()) for the backend."""
+    if B == "jax":
+        opt.build(model.trainable_variables)
+        tv = [v.value for v in model.trainable_variables]
+        ntv = [v.value for v in model.non_trainable_variables]
+        ov = [v.value for v in opt.variables]
+
+        def compute(tv, ntv, x, y):
+            yp, ntv = model.stateless_call(tv, ntv, x, training=True)
+            return loss_fn(y, yp), ntv
+        grad_fn = jax.value_and_grad(compute, has_aux=True)
+
+        @jax.jit
+        def train_step(state, x, y):
+            tv, ntv, ov = state
+            (loss, ntv), grads = grad_fn(tv, ntv, x, y)
+            if update:
+                tv, ov = opt.stateless_apply(ov, grads, tv)
+            else:
+                loss = loss + 0.0 * grads[0].sum()
+            return loss, (tv, ntv, ov)
+        state = [(tv, ntv, ov)]
+
+        def step(x, y):
+            loss, state[0] = train_step(state[0], x, y)
+            return loss
+
+        def finish():
+            tv, ntv, ov = state[0]
+            for v, a in zip(model.trainable_variables, tv):
+                v.assign(a)
+        return step, finish
+    if B == "torch":
+        def step(x, y):
+            yp = model(x, training=True)
+            loss = loss_fn(y, yp)
+            model.zero_grad()
+            loss.backward()
+            if update:
+                tvs = model.trainable_weights
+                opt.apply([v.value.grad for v in tvs], tvs)
+            return loss.detach()
+        return step, lambda: None
+    # tensorflow: the GradientTape loop, in a tf.function
+
+    @tf.function(jit_compile=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        if update:
+            opt.apply(grads, model.trainable_variables)
+        return loss
+    return step, lambda: None
+
+
+def loop_fixed(workload, x, y):
+    model = build(workload)
+    step, finish = make_step(model, loss_for(workload), keras.optimizers.Adam(1e-3, epsilon=1e-8))
+    xb, yb = to_backend(x), to_backend(y)
+    t0 = now()
+    for _ in range(10):
+        loss = step(xb, yb)
+    sync(loss)
+    info("keras_loop", workload, warmup_s="%.3f" % (now() - t0))
+    steps = args.steps or C.default_steps(workload, args.quick)
+    times = []
+    for _ in range(args.reps):
+        t0 = now()
+        for _ in range(steps):
+            loss = step(xb, yb)
+        sync(loss)
+        times.append((now() - t0) / steps * 1e6)
+    C.result("keras_loop", VERSION, workload, args.threads, times, -1, sync(loss))
+
+
+def loop_mnist():
+    images, labels = C.load_mnist(args.data)
+    t0 = now()
+    X = images.astype(np.float32) / 255.0
+    perm = C.permutation(len(labels))
+    info("keras_loop", "mnist_mlp", preload_s="%.3f" % (now() - t0))
+    model = build("mnist_mlp")
+    step, finish = make_step(model, loss_for("mnist_mlp"), keras.optimizers.Adam(1e-3, epsilon=1e-8))
+    dt, st = [], []
+    t_epoch = now()
+    for s in range(0, len(labels), 64):
+        t0 = now()
+        idx = perm[s:s + 64]
+        xb, yb = to_backend(X[idx]), to_backend(labels[idx])
+        t1 = now()
+        loss = step(xb, yb)
+        lv = sync(loss)  # per-step sync so that step and data times separate (loss.item() cost on CPU)
+        t2 = now()
+        dt.append((t1 - t0) * 1e6)
+        st.append((t2 - t1) * 1e6)
+    epoch = now() - t_epoch
+    info("keras_loop", "mnist_mlp", epoch_s="%.3f" % epoch, steps=len(st), mean_step_us="%.1f" % np.mean(st),
+         mean_data_us="%.1f" % np.mean(dt), first_step_s="%.3f" % (st[0] / 1e6), samples=len(labels))
+    C.result("keras_loop", VERSION, "mnist_mlp", args.threads, st, float(np.median(dt)), lv)
+
+
+# ---------------------------------------------------------------- tiny_op
+def tiny(system):
+    model = build("tiny_op")
+    x = C.tiny_input()
+    n = args.steps or C.default_steps("tiny_op", args.quick)
+    if system == "keras_fit":
+        # forward: predict_on_batch; step: train_on_batch (forward + backward + Adam update, loss = sum(output))
+        model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=1e-8), loss=loss_for("tiny_op"))
+        y = np.zeros((1, 8), np.float32)
+        fns = (("tiny_op_forward", lambda: model.predict_on_batch(x)),
+               ("tiny_op_step", lambda: model.train_on_batch(x, y)))
+        n = max(200, n // 10)
+    else:
+        # forward: eager model(x) call; step: the loop's compiled value_and_grad (forward + backward, no update)
+        xb = to_backend(x)
+        yb = to_backend(np.zeros((1, 8), np.float32))
+        step, _ = make_step(model, loss_for("tiny_op"), keras.optimizers.Adam(1e-3, epsilon=1e-8), update=False)
+        fns = (("tiny_op_forward", lambda: model(xb)), ("tiny_op_step", lambda: step(xb, yb)))
+    for name, fn in fns:
+        for _ in range(50):
+            out = fn()
+        times = []
+        for _ in range(args.reps):
+            t0 = now()
+            for _ in range(n):
+                out = fn()
+            v = float(np.sum(np.asarray(out)))
+            times.append((now() - t0) / n * 1e6)
+        C.result(system, VERSION, name, args.threads, times, -1, v, decimals=3)
+
+
+def info(system, workload, **kw):
+    C.info(system=system, version=VERSION, workload=workload, threads=args.threads, **kw)
+
+
+def main():
+    for system in args.systems:
+        for w in args.workloads:
+            try:
+                if w == "seed_regression":
+                    x, y = C.regression_data()
+                    (fit_fixed if system == "keras_fit" else loop_fixed)(w, x, y)
+                elif w == "wide_mlp":
+                    x, y = C.wide_data()
+                    (fit_fixed if system == "keras_fit" else loop_fixed)(w, x, y)
+                elif w == "mnist_mlp":
+                    (fit_mnist if system == "keras_fit" else loop_mnist)()
+                else:
+                    tiny(system)
+            except Exception as e:
+                if os.environ.get("PEER_DEBUG"):
+                    raise
+                for name in (["tiny_op_forward", "tiny_op_step"] if w == "tiny_op" else [w]):
+                    C.result(system, VERSION, name, args.threads, status="unavailable", reason=C.reason_of(e))
+
+
+if __name__ == "__main__":
+    main()
