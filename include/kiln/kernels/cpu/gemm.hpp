@@ -1,8 +1,21 @@
 // Row-major GEMM with a fused epilogue: C = act(alpha * op(A) * op(B) + beta * C + bias), bias indexed by column.
+//
+// Structure (GotoBLAS / BLIS): C is cut into nc-wide column blocks and k into kc-deep blocks; for each pair one
+// kc x nc block of op(B) is packed into per-thread scratch sized for L2, then for every mr-row strip of A a mr x kc
+// micro-panel is packed into scratch sized for L1 and swept across all the nr-wide B micro-panels of the block by the
+// register-blocked micro-kernel (gemm_microkernel.hpp), which applies the epilogue while storing each tile.
+// Tiny products skip all of this and run a direct loop: packing would cost more than the product itself.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
+
 #include "kiln/core/config.hpp"
+#include "kiln/core/memory.hpp"
+#include "kiln/core/threads.hpp"
 #include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/cpu/gemm_microkernel.hpp"
+#include "kiln/kernels/cpu/gemm_pack.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -14,26 +27,287 @@ struct epilogue {
   T slope = T(0.01);  // LeakyReLU's negative slope
 };
 
+namespace gemm_detail {
+
+// ---- cache blocking -------------------------------------------------------------------------------------------------
+// kc: the A micro-panel (mr x kc) is reused against every B micro-panel of the block, so it must stay in L1 (48 KiB
+// on Sapphire Rapids): 8 x 512 floats = 16 KiB leaves two thirds of L1 for the B and C lines streaming through. A
+// deep kc also means C is read and written back few times (once per k block).
+// nc: the packed B block (kc x nc) is swept once per mr rows of A, so it must stay in L2 (2 MiB per core):
+// 512 x 512 floats = 1 MiB, half of L2, the rest for the A rows being packed and for C.
+// Blocks are balanced (k = 784 gives two blocks of 392, not 512 + 272) so no block is left tiny.
+template <class T>
+struct cache_block {
+  static constexpr index_t kc = 2048 / index_t(sizeof(T));  // 512 floats, 256 doubles: 16 KiB micro-panel
+  static constexpr index_t nc = 512;
+};
+
+// Products below this many multiply-adds run as a direct triple loop: no packing, no scratch, no call overhead
+// beyond the loop (a Linear(8, 8) forward is 64 of them).
+inline constexpr index_t direct_max_work = 8 * 8 * 64;
+// Products below this many multiply-adds run on the calling thread: a parallel region costs a few microseconds.
+inline constexpr index_t parallel_min_work = 64 * 64 * 64;
+
+inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
+inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
+
+// The arguments of one GEMM call, passed to the per-thread drivers.
+template <class T>
+struct gemm_problem {
+  bool transpose_a, transpose_b;
+  index_t m, n, k;
+  T alpha;
+  const T* a;
+  index_t lda;
+  const T* b;
+  index_t ldb;
+  T beta;
+  T* c;
+  index_t ldc;
+  const epilogue<T>* ep;
+
+  // &op(A)(i, p) and &op(B)(p, j).
+  const T* a_at(index_t i, index_t p) const { return transpose_a ? a + p * lda + i : a + i * lda + p; }
+  const T* b_at(index_t p, index_t j) const { return transpose_b ? b + j * ldb + p : b + p * ldb + j; }
+};
+
+// Per-thread packing scratch: grows to the largest block seen, then is reused, so steady-state calls never touch the
+// heap. One per thread (OpenMP keeps its worker threads alive between parallel regions).
+class gemm_scratch {
+ public:
+  gemm_scratch() = default;
+  gemm_scratch(const gemm_scratch&) = delete;
+  gemm_scratch& operator=(const gemm_scratch&) = delete;
+  ~gemm_scratch() { aligned_free(data_); }
+
+  void* reserve(std::size_t bytes) {
+    if (bytes > capacity_) {
+      aligned_free(data_);
+      data_ = nullptr;
+      capacity_ = 0;
+      data_ = aligned_allocate(bytes);
+      capacity_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+inline gemm_scratch& thread_scratch() {
+  static thread_local gemm_scratch scratch;
+  return scratch;
+}
+
+// v = act(alpha * sum + beta * c + bias) for one element: the same operations, in the same order, as store_tile.
+template <class T>
+KILN_ALWAYS_INLINE T finish_element(T sum, const T* c, index_t j, T alpha, T beta, const epilogue<T>& ep) {
+  T v = alpha * sum;
+  opaque(v);
+  if (beta != T(0)) v = scalar_fmadd(beta, *c, v);
+  if (ep.bias) v += ep.bias[j];
+  return activate(ep.act, v, ep.slope);
+}
+
+// ---- direct path for tiny products (and k == 0): no packing, no scratch ------------------------------------------
+// Both variants keep every element's sum in a register as one FMA chain over p = 0..k-1, like the micro-kernel.
+
+// op(B) row-major: Vecs vectors of row i of C, updated one p at a time with unit-stride rows of B.
+template <class T, bool TransposeA, int Vecs>
+KILN_ALWAYS_INLINE void direct_row_strip(const gemm_problem<T>& g, index_t i, index_t j0, int cols,
+                                         tile_epilogue<T>& tile) {
+  using S = simd<T>;
+  constexpr int W = S::width;
+  const int last_lanes = cols - (Vecs - 1) * W;
+  typename S::reg acc[1][Vecs];
+  for (int v = 0; v < Vecs; ++v) acc[0][v] = S::zero();
+  const T* brow = g.b + j0;
+  const index_t k = g.k, ldb = g.ldb, a_step = TransposeA ? g.lda : 1;
+  const T* a = TransposeA ? g.a + i : g.a + i * g.lda;
+  for (index_t p = 0; p < k; ++p, brow += ldb, a += a_step) {
+    const auto av = S::set1(*a);
+    for (int v = 0; v < Vecs - 1; ++v) acc[0][v] = S::fmadd(av, S::load(brow + v * W), acc[0][v]);
+    const T* last = brow + (Vecs - 1) * W;
+    acc[0][Vecs - 1] = S::fmadd(av, last_lanes == W ? S::load(last) : S::load_n(last, last_lanes), acc[0][Vecs - 1]);
+  }
+  tile.bias = g.ep->bias ? g.ep->bias + j0 : nullptr;
+  store_tile<T, 1, Vecs>(acc, g.c + i * g.ldc + j0, g.ldc, cols, tile);
+}
+
+template <class T, bool TransposeA>
+void gemm_direct_rows(const gemm_problem<T>& g) {
+  constexpr int W = simd<T>::width;
+  constexpr int strip = 4 * W;  // 4 accumulator chains: enough to hide FMA latency on short rows
+  tile_epilogue<T> tile{g.alpha, g.beta, nullptr, g.ep->act, g.ep->slope, true, true};
+  for (index_t i = 0; i < g.m; ++i) {
+    for (index_t j0 = 0; j0 < g.n; j0 += strip) {
+      const int cols = int(std::min<index_t>(strip, g.n - j0));
+      switch ((cols + W - 1) / W) {
+        case 1: direct_row_strip<T, TransposeA, 1>(g, i, j0, cols, tile); break;
+        case 2: direct_row_strip<T, TransposeA, 2>(g, i, j0, cols, tile); break;
+        case 3: direct_row_strip<T, TransposeA, 3>(g, i, j0, cols, tile); break;
+        default: direct_row_strip<T, TransposeA, 4>(g, i, j0, cols, tile); break;
+      }
+    }
+  }
+}
+
+// b_rows[p * n + j] = b[j * ldb + p]: op(B) of a transposed B, materialised for the direct path (8 x 8 blocks in
+// registers where the instruction set allows, scalar at the edges).
+template <class T>
+void transpose_into(const T* b, index_t ldb, index_t n, index_t k, T* KILN_RESTRICT b_rows) {
+  index_t j_done = 0, p_done = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float>) {
+    j_done = n / 8 * 8;
+    p_done = k / 8 * 8;
+    for (index_t j = 0; j < j_done; j += 8)
+      for (index_t p = 0; p < p_done; p += 8) transpose_8x8_block(b + j * ldb + p, ldb, b_rows + p * n + j, n);
+  }
+#endif
+  for (index_t j = 0; j < n; ++j)
+    for (index_t p = j < j_done ? p_done : 0; p < k; ++p) b_rows[p * n + j] = b[j * ldb + p];
+}
+
+// With op(B) transposed (B stored n x k, as a Dense layer's weight) B is first transposed into a stack buffer (at
+// most direct_max_work elements) and the row path runs on it: one transpose costs less than a strided dot product
+// per element.
+template <class T>
+void gemm_direct(const gemm_problem<T>& g) {
+  if (g.transpose_b && g.k > 0) {
+    alignas(64) T b_rows[direct_max_work];
+    transpose_into(g.b, g.ldb, g.n, g.k, b_rows);
+    gemm_problem<T> rows = g;
+    rows.transpose_b = false;
+    rows.b = b_rows;
+    rows.ldb = g.n;
+    g.transpose_a ? gemm_direct_rows<T, true>(rows) : gemm_direct_rows<T, false>(rows);
+    return;
+  }
+  g.transpose_a ? gemm_direct_rows<T, true>(g) : gemm_direct_rows<T, false>(g);
+}
+
+// The blocked path for the sub-block rows [i0, i1) x columns [j0, j1) of C, on the calling thread. Every element's
+// arithmetic depends only on k (through kc), never on the sub-block bounds, so any partition gives the same bits.
+template <class T>
+void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, index_t j1) {
+  constexpr int mr = register_block<T>::mr;
+  constexpr int nr = register_block<T>::nr;
+  constexpr int width = register_block<T>::width;
+  if (i0 >= i1 || j0 >= j1) return;
+
+  const index_t k_blocks = ceil_div(g.k, cache_block<T>::kc);
+  const index_t kc_max = ceil_div(g.k, k_blocks);
+  const index_t n_blocks = ceil_div(j1 - j0, cache_block<T>::nc);
+  const index_t nc_max = round_up(ceil_div(j1 - j0, n_blocks), nr);
+
+  // Scratch: the packed B block, then one packed A micro-panel, each on a cache-line boundary.
+  const std::size_t b_bytes = static_cast<std::size_t>(round_up(kc_max * nc_max * index_t(sizeof(T)), 64));
+  const std::size_t a_bytes = static_cast<std::size_t>(kc_max * mr) * sizeof(T);
+  char* scratch = static_cast<char*>(thread_scratch().reserve(b_bytes + a_bytes));
+  T* b_packed = reinterpret_cast<T*>(scratch);
+  T* a_packed = reinterpret_cast<T*>(scratch + b_bytes);
+
+  const epilogue<T>& ep = *g.ep;
+  for (index_t jc = j0; jc < j1; jc += nc_max) {
+    const index_t nc = std::min(nc_max, j1 - jc);
+    const index_t n_panels = ceil_div(nc, nr);
+    for (index_t pc = 0; pc < g.k; pc += kc_max) {
+      const index_t kc = std::min(kc_max, g.k - pc);
+      for (index_t q = 0; q < n_panels; ++q) {
+        const int cols = int(std::min<index_t>(nr, nc - q * nr));
+        pack_b<T, nr>(g.transpose_b, g.b_at(pc, jc + q * nr), g.ldb, cols, kc, b_packed + q * kc * nr);
+      }
+      tile_epilogue<T> tile{g.alpha, g.beta, nullptr, ep.act, ep.slope, pc == 0, pc + kc == g.k};
+      for (index_t ic = i0; ic < i1; ic += mr) {
+        const int rows = int(std::min<index_t>(mr, i1 - ic));
+        pack_a<T, mr>(g.transpose_a, g.a_at(ic, pc), g.lda, rows, kc, a_packed);
+        for (index_t q = 0; q < n_panels; ++q) {
+          const index_t j = jc + q * nr;
+          const int cols = int(std::min<index_t>(nr, nc - q * nr));
+          tile.bias = ep.bias ? ep.bias + j : nullptr;
+          select_micro_kernel<T>(rows, int(ceil_div(cols, width)))(kc, a_packed, b_packed + q * kc * nr,
+                                                                   g.c + ic * g.ldc + j, g.ldc, cols, tile);
+        }
+      }
+    }
+  }
+}
+
+// Splits C into a threads_m x threads_n grid of sub-blocks, choosing the split that packs least: every thread packs
+// the A rows and B columns of its own sub-block, so a row split repeats B's packing and a column split repeats A's.
+struct thread_grid {
+  int threads_m = 1, threads_n = 1;
+};
+
+template <class T>
+thread_grid choose_thread_grid(index_t m, index_t n, int threads) {
+  const index_t m_panels = ceil_div(m, register_block<T>::mr);
+  const index_t n_panels = ceil_div(n, register_block<T>::nr);
+  thread_grid best;
+  index_t best_cost = -1;
+  for (int tm = 1; tm <= threads; ++tm) {
+    if (threads % tm != 0) continue;
+    const int tn = threads / tm;
+    const index_t rows = ceil_div(m_panels, tm) * register_block<T>::mr;  // the most loaded thread's share
+    const index_t cols = ceil_div(n_panels, tn) * register_block<T>::nr;
+    const index_t cost = rows * cols + 8 * (rows + cols);  // multiply-adds per k, plus packing at ~8x their cost
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best = {tm, tn};
+    }
+  }
+  return best;
+}
+
+template <class T>
+void gemm_threaded(const gemm_problem<T>& g) {
+  int threads = 1;
+#if defined(_OPENMP)
+  if (g.m * g.n * g.k >= parallel_min_work) {
+    const index_t tiles = ceil_div(g.m, register_block<T>::mr) * ceil_div(g.n, register_block<T>::nr);
+    threads = int(std::min<index_t>(num_threads(), tiles));
+  }
+#endif
+  if (threads <= 1) {
+    gemm_blocked(g, 0, g.m, 0, g.n);
+    return;
+  }
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+  {
+    // The team may be smaller than asked for (nested parallelism, dynamic adjustment): split by the actual size.
+    const int team = omp_get_num_threads();
+    const int id = omp_get_thread_num();
+    const thread_grid grid = choose_thread_grid<T>(g.m, g.n, team);
+    const int tm = id / grid.threads_n, tn = id % grid.threads_n;
+    const index_t m_panels = ceil_div(g.m, register_block<T>::mr);
+    const index_t n_panels = ceil_div(g.n, register_block<T>::nr);
+    const index_t i0 = std::min(g.m, m_panels * tm / grid.threads_m * register_block<T>::mr);
+    const index_t i1 = std::min(g.m, m_panels * (tm + 1) / grid.threads_m * register_block<T>::mr);
+    const index_t j0 = std::min(g.n, n_panels * tn / grid.threads_n * register_block<T>::nr);
+    const index_t j1 = std::min(g.n, n_panels * (tn + 1) / grid.threads_n * register_block<T>::nr);
+    gemm_blocked(g, i0, i1, j0, j1);
+  }
+#endif
+}
+
+}  // namespace gemm_detail
+
 // op(A) is m x k, op(B) is k x n, C is m x n; all row-major with leading dimensions lda, ldb, ldc.
 // beta == 0 overwrites C without reading it (C may hold NaN). Deterministic: every element's sum over k runs in
 // the same order whatever the thread count.
 template <class T>
 void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
           const T* b, index_t ldb, T beta, T* c, index_t ldc, const epilogue<T>& ep = {}) {
-  for (index_t i = 0; i < m; ++i) {
-    for (index_t j = 0; j < n; ++j) {
-      T sum = T(0);
-      for (index_t p = 0; p < k; ++p) {
-        T av = transpose_a ? a[p * lda + i] : a[i * lda + p];
-        T bv = transpose_b ? b[j * ldb + p] : b[p * ldb + j];
-        sum += av * bv;
-      }
-      T v = alpha * sum;
-      if (beta != T(0)) v += beta * c[i * ldc + j];
-      if (ep.bias) v += ep.bias[j];
-      c[i * ldc + j] = activate(ep.act, v, ep.slope);
-    }
-  }
+  if (m <= 0 || n <= 0) return;
+  const gemm_detail::gemm_problem<T> g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &ep};
+  if (k <= 0 || m * n * k <= gemm_detail::direct_max_work)
+    gemm_detail::gemm_direct(g);
+  else
+    gemm_detail::gemm_threaded(g);
 }
 
 }  // namespace kiln::kernels::cpu

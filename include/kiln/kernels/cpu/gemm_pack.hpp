@@ -1,0 +1,113 @@
+// GEMM packing: copies a block of op(A) or op(B) into the contiguous, zero-padded micro-panel layout the micro-kernel
+// streams with unit stride. The transposes of op() are resolved here, so the micro-kernel sees one layout whatever
+// transpose_a / transpose_b are, and no full transposed copy of either matrix is ever made.
+#pragma once
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include <type_traits>
+
+#include "kiln/core/config.hpp"
+
+namespace kiln::kernels::cpu::gemm_detail {
+
+#if defined(__AVX__)
+// In-register transpose of an 8 x 8 float block (rows r[0..7] become columns): 24 shuffles for 64 elements instead
+// of 64 scalar gathers, which is what makes packing the strided side of the matrices cheap.
+KILN_ALWAYS_INLINE void transpose_8x8(__m256 (&r)[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// dst[(p + q) * dst_stride + r] = src[r * src_stride + p + q] for an 8 x 8 block: rows of src become 8-wide groups.
+KILN_ALWAYS_INLINE void transpose_8x8_block(const float* src, index_t src_stride, float* dst, index_t dst_stride) {
+  __m256 t[8];
+  for (int q = 0; q < 8; ++q) t[q] = _mm256_loadu_ps(src + q * src_stride);
+  transpose_8x8(t);
+  for (int q = 0; q < 8; ++q) _mm256_storeu_ps(dst + q * dst_stride, t[q]);
+}
+#endif
+
+// Copies `count` (< Panel) values and zero-fills the rest of a Panel-wide group.
+template <class T, int Panel>
+KILN_ALWAYS_INLINE void copy_padded(const T* src, index_t src_stride, int count, T* KILN_RESTRICT dst) {
+  int r = 0;
+  for (; r < count; ++r) dst[r] = src[r * src_stride];
+  for (; r < Panel; ++r) dst[r] = T(0);
+}
+
+// Packs `rows` (1..MR) rows by kc columns of op(A), starting at `a` = &op(A)(i0, p0), into out[p * MR + r]; rows
+// beyond `rows` are zero. transpose_a: A is stored k x m, op(A)(i, p) = a[p * lda + i]; else op(A)(i, p) = a[i * lda + p].
+template <class T, int MR>
+void pack_a(bool transpose_a, const T* a, index_t lda, int rows, index_t kc, T* KILN_RESTRICT out) {
+  if (transpose_a) {  // each p is already a contiguous run of rows: a straight copy
+    for (index_t p = 0; p < kc; ++p) {
+      const T* src = a + p * lda;
+      T* dst = out + p * MR;
+      if (rows == MR) {
+        for (int r = 0; r < MR; ++r) dst[r] = src[r];
+      } else {
+        copy_padded<T, MR>(src, 1, rows, dst);
+      }
+    }
+    return;
+  }
+  index_t p = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float> && MR % 8 == 0) {
+    if (rows == MR)
+      for (; p + 8 <= kc; p += 8)
+        for (int g = 0; g < MR; g += 8) transpose_8x8_block(a + g * lda + p, lda, out + p * MR + g, MR);
+  }
+#endif
+  for (; p < kc; ++p) copy_padded<T, MR>(a + p, lda, rows, out + p * MR);
+}
+
+// Packs kc rows by `cols` (1..NR) columns of op(B), starting at `b` = &op(B)(p0, j0), into out[p * NR + j]; columns
+// beyond `cols` are zero. transpose_b: B is stored n x k, op(B)(p, j) = b[j * ldb + p]; else op(B)(p, j) = b[p * ldb + j].
+template <class T, int NR>
+void pack_b(bool transpose_b, const T* b, index_t ldb, int cols, index_t kc, T* KILN_RESTRICT out) {
+  if (!transpose_b) {  // each p is a contiguous run of columns: a straight copy
+    for (index_t p = 0; p < kc; ++p) {
+      const T* src = b + p * ldb;
+      T* dst = out + p * NR;
+      if (cols == NR) {
+        for (int j = 0; j < NR; ++j) dst[j] = src[j];
+      } else {
+        copy_padded<T, NR>(src, 1, cols, dst);
+      }
+    }
+    return;
+  }
+  index_t p = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float> && NR % 8 == 0) {
+    if (cols == NR)
+      for (; p + 8 <= kc; p += 8)
+        for (int g = 0; g < NR; g += 8) transpose_8x8_block(b + g * ldb + p, ldb, out + p * NR + g, NR);
+  }
+#endif
+  for (; p < kc; ++p) copy_padded<T, NR>(b + p, ldb, cols, out + p * NR);
+}
+
+}  // namespace kiln::kernels::cpu::gemm_detail

@@ -1,0 +1,232 @@
+// The blocked CPU GEMM against a naive double-precision reference: all transpose cases, odd sizes, padded leading
+// dimensions, alpha/beta, fused bias + activations, k = 0; plus bitwise determinism across thread counts and bitwise
+// equality of the fused epilogue with the same steps done by hand.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kiln/core/threads.hpp"
+#include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/cpu/gemm.hpp"
+
+using namespace kiln;
+using kiln::kernels::cpu::epilogue;
+using kiln::kernels::cpu::gemm;
+
+namespace {
+
+// Deterministic values in [-1, 1).
+template <class T>
+std::vector<T> random_values(std::size_t count, std::uint64_t seed) {
+  std::vector<T> v(count);
+  std::uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = T(double(s >> 11) / double(1ull << 53) * 2.0 - 1.0);
+  }
+  return v;
+}
+
+// One GEMM problem with its operands stored with padded leading dimensions.
+template <class T>
+struct problem {
+  bool ta, tb;
+  index_t m, n, k, lda, ldb, ldc;
+  std::vector<T> a, b, c, bias;
+
+  problem(bool ta_, bool tb_, index_t m_, index_t n_, index_t k_, index_t pad, std::uint64_t seed)
+      : ta(ta_), tb(tb_), m(m_), n(n_), k(k_) {
+    lda = (ta ? m : k) + pad;
+    ldb = (tb ? k : n) + pad;
+    ldc = n + pad;
+    a = random_values<T>(std::size_t((ta ? k : m) * lda) + 1, seed);
+    b = random_values<T>(std::size_t((tb ? n : k) * ldb) + 1, seed + 1);
+    c = random_values<T>(std::size_t(m * ldc) + 1, seed + 2);
+    bias = random_values<T>(std::size_t(n), seed + 3);
+  }
+  double op_a(index_t i, index_t p) const { return ta ? a[std::size_t(p * lda + i)] : a[std::size_t(i * lda + p)]; }
+  double op_b(index_t p, index_t j) const { return tb ? b[std::size_t(j * ldb + p)] : b[std::size_t(p * ldb + j)]; }
+
+  std::vector<T> run(T alpha, T beta, const epilogue<T>& ep, const std::vector<T>& c0) const {
+    std::vector<T> out = c0;
+    gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, out.data(), ldc, ep);
+    return out;
+  }
+
+  // Checks `out` against the double-precision reference, element by element, with a tolerance scaled by the sum of
+  // the magnitudes of the terms (the bound on float rounding error of a dot product), and checks the padding of C
+  // was left untouched.
+  void check(const std::vector<T>& out, const std::vector<T>& c0, T alpha, T beta, const epilogue<T>& ep) const {
+    const double eps = std::numeric_limits<T>::epsilon();
+    int failures = 0;
+    for (index_t i = 0; i < m; ++i) {
+      for (index_t j = 0; j < ldc; ++j) {
+        const std::size_t at = std::size_t(i * ldc + j);
+        if (j >= n) {  // padding
+          if (!(out[at] == c0[at] || (std::isnan(out[at]) && std::isnan(c0[at])))) ++failures;
+          continue;
+        }
+        double sum = 0, magnitude = 0;
+        for (index_t p = 0; p < k; ++p) {
+          sum += op_a(i, p) * op_b(p, j);
+          magnitude += std::abs(op_a(i, p) * op_b(p, j));
+        }
+        double v = double(alpha) * sum;
+        magnitude = std::abs(double(alpha)) * magnitude;
+        if (beta != T(0)) {
+          v += double(beta) * c0[at];
+          magnitude += std::abs(double(beta) * c0[at]);
+        }
+        if (ep.bias) {
+          v += ep.bias[j];
+          magnitude += std::abs(double(ep.bias[j]));
+        }
+        const double expected = kernels::activate(ep.act, v, double(ep.slope));
+        const double tolerance = 4 * eps * (double(k) + 4) * (magnitude + 1e-3);
+        const double got = out[at];
+        if (!(std::abs(got - expected) <= tolerance)) {
+          if (failures < 5)
+            MESSAGE("mismatch ta=" << ta << " tb=" << tb << " m=" << m << " n=" << n << " k=" << k << " at (" << i
+                                   << "," << j << "): got " << got << " expected " << expected);
+          ++failures;
+        }
+      }
+    }
+    CHECK(failures == 0);
+  }
+};
+
+template <class T>
+bool bitwise_equal(const std::vector<T>& x, const std::vector<T>& y) {
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (std::memcmp(&x[i], &y[i], sizeof(T)) != 0) return false;
+  return true;
+}
+
+struct size3 {
+  index_t m, n, k;
+};
+
+// Odd sizes around the register and cache blocks (mr = 8, nr = 32, kc = 512 for float on AVX-512), tiny direct-path
+// sizes and the MLP's own shapes.
+const size3 sizes[] = {{1, 1, 1},    {1, 8, 8},     {3, 17, 5},    {17, 31, 3},   {8, 32, 16},   {31, 65, 17},
+                       {65, 33, 130}, {9, 257, 31},  {130, 17, 257}, {64, 128, 10}, {33, 49, 600}, {17, 40, 1100},
+                       {257, 65, 65}};
+
+template <class T>
+void check_all_sizes() {
+  std::uint64_t seed = 1;
+  for (const auto& s : sizes) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      problem<T> pr(ta, tb, s.m, s.n, s.k, /*pad=*/index_t(t + 1) * 3, seed++);
+      const epilogue<T> none{};
+      pr.check(pr.run(T(1), T(0), none, pr.c), pr.c, T(1), T(0), none);
+      pr.check(pr.run(T(-0.75), T(1.5), none, pr.c), pr.c, T(-0.75), T(1.5), none);
+      pr.check(pr.run(T(2), T(1), none, pr.c), pr.c, T(2), T(1), none);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("gemm matches a double reference for all transposes, odd sizes and padded strides", T, float,
+                   double) {
+  check_all_sizes<T>();
+}
+
+TEST_CASE_TEMPLATE("gemm with beta = 0 never reads C", T, float, double) {
+  for (const auto& s : {size3{3, 5, 7}, size3{31, 65, 17}, size3{65, 130, 600}, size3{17, 40, 1100}}) {
+    for (int t = 0; t < 4; ++t) {
+      problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 2, 77 + std::uint64_t(t));
+      std::vector<T> nan_c(pr.c.size(), std::numeric_limits<T>::quiet_NaN());
+      const epilogue<T> none{};
+      auto out = pr.run(T(1), T(0), none, nan_c);
+      for (index_t i = 0; i < pr.m; ++i)
+        for (index_t j = 0; j < pr.n; ++j) REQUIRE(!std::isnan(out[std::size_t(i * pr.ldc + j)]));
+      pr.check(out, nan_c, T(1), T(0), none);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("gemm fuses bias and every activation", T, float, double) {
+  const activation acts[] = {activation::identity, activation::relu,    activation::leaky_relu,
+                             activation::gelu,     activation::sigmoid, activation::tanh};
+  std::uint64_t seed = 300;
+  for (const auto& s : {size3{1, 8, 8}, size3{17, 31, 3}, size3{33, 70, 45}, size3{64, 130, 600}}) {
+    for (int t = 0; t < 4; ++t) {
+      problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 1, seed++);
+      for (activation act : acts) {
+        const epilogue<T> ep{pr.bias.data(), act, T(0.1)};
+        pr.check(pr.run(T(1), T(0), ep, pr.c), pr.c, T(1), T(0), ep);
+        pr.check(pr.run(T(0.5), T(-1), ep, pr.c), pr.c, T(0.5), T(-1), ep);
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("gemm with k = 0 gives act(beta * C + bias); m or n = 0 is a no-op", T, float, double) {
+  for (const auto& s : {size3{3, 5, 0}, size3{70, 300, 0}}) {
+    problem<T> pr(false, true, s.m, s.n, s.k, 2, 5);
+    const epilogue<T> ep{pr.bias.data(), activation::relu, T(0.01)};
+    pr.check(pr.run(T(1), T(0.5), ep, pr.c), pr.c, T(1), T(0.5), ep);
+    std::vector<T> nan_c(pr.c.size(), std::numeric_limits<T>::quiet_NaN());
+    auto out = pr.run(T(1), T(0), ep, nan_c);
+    for (index_t i = 0; i < pr.m; ++i)
+      for (index_t j = 0; j < pr.n; ++j) CHECK(out[std::size_t(i * pr.ldc + j)] == std::max(pr.bias[j], T(0)));
+  }
+  T c = T(7);
+  gemm<T>(false, false, 0, 1, 4, T(1), nullptr, 4, nullptr, 1, T(0), &c, 1);
+  gemm<T>(false, false, 1, 0, 4, T(1), nullptr, 4, nullptr, 1, T(0), &c, 1);
+  CHECK(c == T(7));
+}
+
+TEST_CASE_TEMPLATE("gemm is bitwise identical across thread counts and calls", T, float, double) {
+  const int saved = num_threads();
+  for (const auto& s : {size3{64, 128, 784}, size3{130, 257, 100}, size3{65, 784, 128}, size3{40, 300, 1100}}) {
+    for (int t = 0; t < 4; ++t) {
+      problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 3, 900 + std::uint64_t(t));
+      const epilogue<T> ep{pr.bias.data(), activation::leaky_relu, T(0.2)};
+      set_num_threads(1);
+      auto one = pr.run(T(1), T(0.5), ep, pr.c);
+      set_num_threads(2);
+      auto two = pr.run(T(1), T(0.5), ep, pr.c);
+      auto again = pr.run(T(1), T(0.5), ep, pr.c);
+      CHECK(bitwise_equal(one, two));
+      CHECK(bitwise_equal(two, again));
+    }
+  }
+  set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("gemm's fused epilogue equals gemm, then + bias, then the activation by hand", T, float, double) {
+  const activation acts[] = {activation::identity, activation::relu,    activation::leaky_relu,
+                             activation::gelu,     activation::sigmoid, activation::tanh};
+  std::uint64_t seed = 500;
+  for (const auto& s : {size3{1, 8, 8}, size3{64, 128, 10}, size3{64, 128, 784}, size3{31, 70, 1100}}) {
+    for (int t = 0; t < 4; ++t) {
+      problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 2, seed++);
+      for (T beta : {T(0), T(0.5)}) {
+        for (activation act : acts) {
+          const T alpha = T(0.7), slope = T(0.05);
+          auto fused = pr.run(alpha, beta, {pr.bias.data(), act, slope}, pr.c);
+          auto by_hand = pr.run(alpha, beta, {}, pr.c);
+          for (index_t i = 0; i < pr.m; ++i) {
+            for (index_t j = 0; j < pr.n; ++j) {
+              T& v = by_hand[std::size_t(i * pr.ldc + j)];
+              v = v + pr.bias[std::size_t(j)];
+              v = kernels::activate(act, v, slope);
+            }
+          }
+          CHECK(bitwise_equal(fused, by_hand));
+        }
+      }
+    }
+  }
+}
