@@ -43,7 +43,7 @@ struct optim_kernels {
 
   // exp_avg_sq_max is only touched with amsgrad.
   template <class T>
-  static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
+  KILN_VECTORIZE_MATH static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
                           const adam_step_args<T>& a) {
     T bias_correction1 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
     T bias_correction2 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
