@@ -90,8 +90,9 @@ struct st_file {
     metadata.emplace_back(key, std::move(value));
   }
   // Adds a tensor copied from a view of float, double or int64 values.
-  template <class T>
-  void add(std::string name, tensor_view<const T> v) {
+  template <class U>
+  void add(std::string name, tensor_view<U> v) {
+    using T = std::remove_const_t<U>;
     st_tensor t{std::move(name), st_dtype_of<T>(), v.shape(), {}};
     t.bytes.resize(static_cast<std::size_t>(v.numel()) * sizeof(T));
     if (v.numel()) std::memcpy(t.bytes.data(), v.data(), t.bytes.size());

@@ -37,6 +37,8 @@ class optimizer_base {
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
   long long steps_taken() const { return steps_; }
+  // Restoring a checkpoint: the count of steps already taken (SGD starts its momentum on step 0).
+  void set_steps_taken(long long steps) { steps_ = steps; }
 
   // The penalty term l1 * sum|p| + l2 * sum p^2 over all parameters, to report beside the data loss.
   T penalty() const {

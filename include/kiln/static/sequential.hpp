@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -210,13 +211,48 @@ class Sequential {
 
   // What the optimizer updates: one slot for the whole flat buffer, or one per parameter tensor when
   // options().flat_parameters is off.
+  // Once a layer has been frozen, the slots are per layer (flat) or per tensor, each with its layer's trainable
+  // flag, so that freeze/unfreeze later still steer an optimizer that holds them.
   std::vector<optim::parameter_slot<T>> parameters() {
-    if (options_.flat_parameters) return {{params_.data(), grads_.data(), flat_parameter_size, nullptr}};
+    if (options_.flat_parameters && !any_frozen_) return {{params_.data(), grads_.data(), flat_parameter_size, nullptr}};
     std::vector<optim::parameter_slot<T>> slots;
-    for (auto& p : named_parameter_infos())
-      slots.push_back({params_.data() + p.offset, grads_.data() + p.offset, p.shape.numel(), nullptr});
+    if (options_.flat_parameters) {
+      for (std::size_t i = 0; i < layer_count; ++i)
+        if (param_offsets[i + 1] > param_offsets[i])
+          slots.push_back({params_.data() + param_offsets[i], grads_.data() + param_offsets[i],
+                           param_offsets[i + 1] - param_offsets[i], &(*trainable_)[i]});
+      return slots;
+    }
+    for (auto& p : named_parameter_infos()) {
+      std::size_t layer = 0;
+      while (layer + 1 < layer_count && param_offsets[layer + 1] <= p.offset) ++layer;
+      slots.push_back({params_.data() + p.offset, grads_.data() + p.offset, p.shape.numel(), &(*trainable_)[layer]});
+    }
     return slots;
   }
+
+  // Fine-tuning: freeze(i) stops the optimizer from updating layer i (counted from 0 after the Input, as in the type
+  // list); unfreeze(i) resumes it. Freeze before the optimizer first sees the model (its first train_step, or
+  // add_parameters(parameters())): from then on its slots carry each layer's flag. Gradients are still computed.
+  void freeze(std::size_t layer, bool frozen = true) {
+    if (layer >= layer_count) fail("Sequential::freeze: expected a layer index below ", layer_count, ", found ", layer);
+    (*trainable_)[layer] = !frozen;
+    if (frozen) any_frozen_ = true;
+  }
+  void unfreeze(std::size_t layer) { freeze(layer, false); }
+  bool is_frozen(std::size_t layer) const { return layer < layer_count && !(*trainable_)[layer]; }
+  // Parameters the optimizer updates (those of layers not frozen).
+  index_t trainable_parameter_count() const {
+    index_t n = 0;
+    for_each_layer([&]<std::size_t I>() {
+      if ((*trainable_)[I]) n += bound<I>::param_count;
+    });
+    return n;
+  }
+
+  // The generator of layers that draw at run time (dropout masks); a checkpoint saves and restores its state.
+  random_generator& generator() { return rng_; }
+  const random_generator& generator() const { return rng_; }
 
   // Every parameter tensor with PyTorch's Sequential names ("1.weight"): a Dense with a fused activation counts as
   // two modules, Linear then the activation, as in the equivalent torch.nn.Sequential. Offsets are into the flat
@@ -438,6 +474,13 @@ class Sequential {
   T* output_grad_ = nullptr;
   const T* output_ = nullptr;
   index_t last_batch_ = 0;
+  // Per-layer trainable flags on the heap: optimizer slots point at them, and they survive moving the model.
+  std::shared_ptr<std::array<bool, layer_count>> trainable_ = [] {
+    auto flags = std::make_shared<std::array<bool, layer_count>>();
+    flags->fill(true);
+    return flags;
+  }();
+  bool any_frozen_ = false;
 };
 
 }  // namespace kiln

@@ -15,6 +15,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/io/atomic_file.hpp"
+#include "kiln/io/safetensors_format.hpp"
 #include "kiln/train/logs.hpp"
 
 namespace kiln::train {
@@ -144,10 +145,13 @@ struct model_checkpoint_options {
   std::string monitor = "val_loss";
   monitor_mode mode = monitor_mode::automatic;
   bool save_best_only = true;
+  // When not empty, each saved snapshot is also written there as a safetensors weights file (kiln::io::load_weights
+  // reads it; so does PyTorch). "{epoch}" in the path is replaced by the epoch number.
+  std::string path{};
 };
 
-// Keeps the weights of the best epoch (by the monitored quantity) in memory; best_weights() hands them out. Writing
-// them to a file comes with the weights file format.
+// Keeps the weights of the best epoch (by the monitored quantity) in memory; best_weights() hands them out. With a
+// path, it also writes them to a file (atomically), with the epoch and monitored value in the metadata.
 class ModelCheckpoint : public callback {
  public:
   using options = model_checkpoint_options;
@@ -159,16 +163,29 @@ class ModelCheckpoint : public callback {
     if (best_.improved(value) || !options_.save_best_only) {
       weights_ = control.weights();
       epoch_ = epoch;
+      if (!options_.path.empty()) {
+        std::string file = options_.path;
+        for (std::size_t at; (at = file.find("{epoch}")) != std::string::npos;)
+          file.replace(at, 7, std::to_string(epoch));
+        std::ostringstream v;
+        v.precision(17);
+        v << value;
+        io::write_state_dict(file, weights_, {{"epoch", std::to_string(epoch)}, {options_.monitor, v.str()}});
+        last_path_ = file;
+      }
     }
   }
   const weight_snapshot& best_weights() const { return weights_; }
   int best_epoch() const { return epoch_; }
+  // The file written last ("" before any, or without a path).
+  const std::string& last_path() const { return last_path_; }
 
  private:
   options options_;
   best_tracker best_;
   weight_snapshot weights_;
   int epoch_ = -1;
+  std::string last_path_;
 };
 
 // Appends each epoch's logs to a CSV file (rewritten through a temporary file each epoch, so it is always whole).

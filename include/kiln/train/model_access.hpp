@@ -44,8 +44,10 @@ struct model_access<Sequential<Policy, InputSpec, Layers...>> {
   static weight_snapshot weights(const net_type& net) { return net.state_dict(); }
   static void set_weights(net_type& net, const weight_snapshot& w) { net.load_state_dict(w); }
   static std::vector<layer_summary> summary_rows(const net_type&) { return net_type::summary_rows(); }
-  static index_t trainable_parameters(const net_type&) { return net_type::parameter_count(); }
-  static index_t non_trainable_parameters(const net_type&) { return 0; }
+  static index_t trainable_parameters(const net_type& net) { return net.trainable_parameter_count(); }
+  static index_t non_trainable_parameters(const net_type& net) {
+    return net_type::parameter_count() - net.trainable_parameter_count();
+  }
 };
 
 }  // namespace kiln::train

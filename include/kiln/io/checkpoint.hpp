@@ -1,0 +1,276 @@
+// Checkpoints that resume exactly: one safetensors file with the model's parameters and buffers (PyTorch's names),
+// the optimizer's state (Adam's moments and per-slot step counts, SGD's momentum buffers, steps taken, learning
+// rate), the epoch and step, and the state of random generators (the static model's own, plus any the caller names:
+// data order, augmentation). Training resumed from a checkpoint reproduces the uninterrupted run's losses bit for bit.
+//
+//   kiln::io::save_checkpoint("run.ckpt", net, opt, {.epoch = e, .step = s, .generators = {{"data", data_rng.state()}}});
+//   auto state = kiln::io::load_checkpoint("run.ckpt", net, opt);   // a fresh model and optimizer of the same kind
+//   data_rng.set_state(state.generator("data"));
+//
+// Layout: the weights under their own names; optimizer tensors under "optimizer.<slot>.<name>" (slot = position in
+// the optimizer's parameter list) and "optimizer.step" (I64, Adam); everything else in __metadata__ ("kiln.format"
+// = "checkpoint", "epoch", "step", "optimizer", "optimizer.lr", "optimizer.steps_taken", "optimizer.slot_sizes",
+// "rng.<name>" = "seed stream position"). load_weights reads a checkpoint's weights and skips the rest.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+#include "kiln/core/random.hpp"
+#include "kiln/core/tensor.hpp"
+#include "kiln/io/safetensors.hpp"
+#include "kiln/io/weights.hpp"
+#include "kiln/optim/adam.hpp"
+#include "kiln/optim/sgd.hpp"
+
+namespace kiln::io {
+
+// What a checkpoint records beside the model and the optimizer.
+struct checkpoint_state {
+  long long epoch = 0;  // for the caller: the epoch to resume at (or the one just finished; the caller decides)
+  long long step = 0;   // global step count
+  // Named generator states (a data loader's shuffling, augmentation); the static model's generator is added as
+  // "model" automatically.
+  std::vector<std::pair<std::string, random_generator::state_type>> generators{};
+  // Any further string entries.
+  std::vector<std::pair<std::string, std::string>> metadata{};
+
+  // A generator's saved state by name; throws if the checkpoint has none of that name.
+  random_generator::state_type generator(const std::string& name) const {
+    for (const auto& [n, s] : generators)
+      if (n == name) return s;
+    fail("checkpoint: no random generator named '", name, "' was saved");
+  }
+  const std::string* meta(const std::string& key) const {
+    for (const auto& [k, v] : metadata)
+      if (k == key) return &v;
+    return nullptr;
+  }
+};
+
+namespace detail {
+template <class M>
+concept has_generator = requires(M& m) {
+  { m.generator() } -> std::convertible_to<random_generator&>;
+};
+template <class O>
+concept adam_like = requires(O& o) { o.state(); o.options().beta2; };
+template <class O>
+concept sgd_like = requires(O& o) { o.momentum_buffers(); };
+
+template <class O>
+std::string optimizer_kind(const O& o) {
+  if constexpr (adam_like<O>) return std::is_same_v<typename O::options_type, optim::adamw_options> ? "adamw" : "adam";
+  else if constexpr (sgd_like<O>) return "sgd";
+  else static_assert(sizeof(O) == 0, "checkpoint: kiln saves the state of Adam, AdamW and SGD");
+  (void)o;
+}
+inline std::string format_double(double v) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.17g", v);
+  return buffer;
+}
+inline long long parse_integer(const std::string& text, const std::string& key, const std::string& source) {
+  long long v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    fail("checkpoint '", source, "': expected an integer for metadata '", key, "', found '", text, "'");
+  return v;
+}
+inline std::uint64_t parse_unsigned(std::string_view text, const std::string& key, const std::string& source) {
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    fail("checkpoint '", source, "': expected an unsigned integer in metadata '", key, "', found '", text, "'");
+  return v;
+}
+inline std::string generator_text(const random_generator::state_type& s) {
+  std::string t = std::to_string(s.seed);
+  t += ' ';
+  t += std::to_string(s.stream);
+  t += ' ';
+  t += std::to_string(s.position);
+  return t;
+}
+inline random_generator::state_type parse_generator(const std::string& text, const std::string& key,
+                                                    const std::string& source) {
+  std::vector<std::string_view> parts;
+  std::string_view rest = text;
+  for (std::size_t at; (at = rest.find(' ')) != std::string_view::npos; rest.remove_prefix(at + 1))
+    parts.push_back(rest.substr(0, at));
+  parts.push_back(rest);
+  if (parts.size() != 3)
+    fail("checkpoint '", source, "': expected 'seed stream position' in metadata '", key, "', found '", text, "'");
+  return {parse_unsigned(parts[0], key, source), parse_unsigned(parts[1], key, source),
+          parse_unsigned(parts[2], key, source)};
+}
+inline std::string slot_name(std::size_t slot, const char* what) {
+  std::string n = "optimizer.";
+  n += std::to_string(slot);
+  n += '.';
+  n += what;
+  return n;
+}
+}  // namespace detail
+
+// Writes model, optimizer and state to one safetensors file (atomically).
+template <has_state_dict M, class O>
+void save_checkpoint(const std::filesystem::path& path, const M& model, O& optimizer,
+                     const checkpoint_state& state = {}) {
+  using T = typename M::value_type;
+  st_file file;
+  for (const auto& [name, tensor] : model.state_dict()) {
+    if (name.rfind("optimizer.", 0) == 0)
+      fail("save_checkpoint: the model's tensor '", name, "' collides with the checkpoint's optimizer names");
+    file.add(name, tensor.view());
+  }
+  file.set_meta("kiln.format", "checkpoint");
+  file.set_meta("kiln.checkpoint_version", "1");
+  file.set_meta("epoch", std::to_string(state.epoch));
+  file.set_meta("step", std::to_string(state.step));
+  file.set_meta("optimizer", detail::optimizer_kind(optimizer));
+  file.set_meta("optimizer.lr", detail::format_double(optimizer.lr()));
+  file.set_meta("optimizer.steps_taken", std::to_string(optimizer.steps_taken()));
+  std::string sizes;
+  for (const auto& s : optimizer.slots()) {
+    if (!sizes.empty()) sizes += ',';
+    sizes += std::to_string(s.size);
+  }
+  file.set_meta("optimizer.slot_sizes", sizes);
+  if constexpr (detail::adam_like<O>) {
+    auto& st = optimizer.state();
+    Tensor<std::int64_t> steps(shape{static_cast<index_t>(st.size())});
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      steps[static_cast<index_t>(i)] = st[i].step;
+      if (st[i].exp_avg.numel()) file.add(detail::slot_name(i, "exp_avg"), st[i].exp_avg.view());
+      if (st[i].exp_avg_sq.numel()) file.add(detail::slot_name(i, "exp_avg_sq"), st[i].exp_avg_sq.view());
+      if (st[i].exp_avg_sq_max.numel()) file.add(detail::slot_name(i, "max_exp_avg_sq"), st[i].exp_avg_sq_max.view());
+    }
+    file.add("optimizer.step", steps.view());
+  } else {
+    auto& buffers = optimizer.momentum_buffers();
+    for (std::size_t i = 0; i < buffers.size(); ++i)
+      if (buffers[i].numel()) file.add(detail::slot_name(i, "momentum_buffer"), buffers[i].view());
+  }
+  if constexpr (detail::has_generator<M>)
+    file.set_meta("rng.model", detail::generator_text(const_cast<M&>(model).generator().state()));
+  for (const auto& [name, s] : state.generators) {
+    if (name == "model" && detail::has_generator<M>) fail("save_checkpoint: the generator name 'model' is reserved");
+    file.set_meta("rng." + name, detail::generator_text(s));
+  }
+  for (const auto& [k, v] : state.metadata) {
+    if (file.meta(k)) fail("save_checkpoint: the metadata key '", k, "' is one the checkpoint uses itself");
+    file.set_meta(k, v);
+  }
+  static_assert(std::is_same_v<T, typename O::value_type>, "save_checkpoint: model and optimizer value types differ");
+  write_safetensors(path, file);
+}
+
+// Restores model, optimizer and the model's generator from a checkpoint and returns the saved state. The optimizer
+// must be of the same kind (Adam, AdamW, SGD) over the same parameters; an optimizer that has none yet (a static
+// model's, before its first train_step) is given the model's. Everything is checked before anything changes.
+template <has_state_dict M, class O>
+checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O& optimizer) {
+  using T = typename M::value_type;
+  const std::string source = path.string();
+  st_file file = read_safetensors(path);
+  auto need = [&](const std::string& key) -> const std::string& {
+    const std::string* v = file.meta(key);
+    if (!v) fail("checkpoint '", source, "': metadata '", key, "' is missing (not a kiln checkpoint?)");
+    return *v;
+  };
+  if (need("kiln.format") != "checkpoint")
+    fail("checkpoint '", source, "': expected kiln.format 'checkpoint', found '", need("kiln.format"), "'");
+  if (need("optimizer") != detail::optimizer_kind(optimizer))
+    fail("checkpoint '", source, "': it holds the state of optimizer '", need("optimizer"),
+         "', but it is being loaded into a '", detail::optimizer_kind(optimizer), "'");
+
+  // Weights: checked completely.
+  auto weights = detail::merged_state_dict(model, file, source, {});
+
+  // Optimizer slots: the saved sizes must match (given now if the optimizer has none).
+  if (!optimizer.has_parameters()) optimizer.add_parameters(model.parameters());
+  const auto& slots = optimizer.slots();
+  std::string sizes;
+  for (const auto& s : slots) {
+    if (!sizes.empty()) sizes += ',';
+    sizes += std::to_string(s.size);
+  }
+  if (need("optimizer.slot_sizes") != sizes)
+    fail("checkpoint '", source, "': the optimizer's parameter slots have sizes [", sizes, "], the checkpoint's [",
+         need("optimizer.slot_sizes"), "]");
+  auto slot_tensor = [&](std::size_t i, const char* what) -> std::optional<Tensor<T>> {
+    const st_tensor* t = file.find(detail::slot_name(i, what));
+    if (!t) return std::nullopt;
+    if (t->shape.numel() != slots[i].size)
+      fail("checkpoint '", source, "': '", t->name, "' holds ", t->shape.numel(), " values for a slot of ", slots[i].size);
+    return to_tensor<T>(*t, source);
+  };
+  long long steps_taken = detail::parse_integer(need("optimizer.steps_taken"), "optimizer.steps_taken", source);
+  double lr = 0;
+  {
+    const std::string& text = need("optimizer.lr");
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), lr);
+    if (ec != std::errc() || end != text.data() + text.size())
+      fail("checkpoint '", source, "': expected a number for metadata 'optimizer.lr', found '", text, "'");
+  }
+  using adam_state = typename std::conditional_t<detail::adam_like<O>, O, optim::Adam>::slot_state;
+  std::vector<adam_state> adam(slots.size());
+  std::vector<Tensor<T>> momentum(slots.size());
+  if constexpr (detail::adam_like<O>) {
+    const st_tensor* steps = file.find("optimizer.step");
+    if (!steps || steps->dtype != st_dtype::i64 || steps->shape.numel() != static_cast<index_t>(slots.size()))
+      fail("checkpoint '", source, "': expected an I64 tensor 'optimizer.step' with ", slots.size(), " values");
+    auto step_values = to_tensor<std::int64_t>(*steps, source);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      adam[i].step = step_values[static_cast<index_t>(i)];
+      if (auto t = slot_tensor(i, "exp_avg")) adam[i].exp_avg = std::move(*t);
+      if (auto t = slot_tensor(i, "exp_avg_sq")) adam[i].exp_avg_sq = std::move(*t);
+      if (auto t = slot_tensor(i, "max_exp_avg_sq")) adam[i].exp_avg_sq_max = std::move(*t);
+      if (adam[i].step > 0 && (adam[i].exp_avg.numel() != slots[i].size || adam[i].exp_avg_sq.numel() != slots[i].size))
+        fail("checkpoint '", source, "': slot ", i, " has taken ", adam[i].step, " steps but its moments are missing");
+      if (adam[i].step > 0 && optimizer.options().amsgrad && adam[i].exp_avg_sq_max.numel() != slots[i].size)
+        fail("checkpoint '", source, "': the optimizer uses amsgrad but slot ", i, " has no max_exp_avg_sq");
+    }
+  } else {
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      if (auto t = slot_tensor(i, "momentum_buffer")) momentum[i] = std::move(*t);
+  }
+
+  checkpoint_state state;
+  state.epoch = detail::parse_integer(need("epoch"), "epoch", source);
+  state.step = detail::parse_integer(need("step"), "step", source);
+  std::optional<random_generator::state_type> model_rng;
+  for (const auto& [k, v] : file.metadata) {
+    if (k.rfind("rng.", 0) == 0) {
+      auto s = detail::parse_generator(v, k, source);
+      if (k == "rng.model" && detail::has_generator<M>) model_rng = s;
+      else state.generators.emplace_back(k.substr(4), s);
+    } else if (k != "kiln.format" && k != "kiln.checkpoint_version" && k != "epoch" && k != "step" &&
+               k.rfind("optimizer", 0) != 0) {
+      state.metadata.emplace_back(k, v);
+    }
+  }
+  if constexpr (detail::has_generator<M>)
+    if (!model_rng) fail("checkpoint '", source, "': the model's generator state 'rng.model' is missing");
+
+  // Everything checked: apply.
+  model.load_state_dict(weights);
+  if constexpr (detail::has_generator<M>) model.generator().set_state(*model_rng);
+  optimizer.set_lr(lr);
+  optimizer.set_steps_taken(steps_taken);
+  if constexpr (detail::adam_like<O>) {
+    optimizer.state() = std::move(adam);
+  } else {
+    optimizer.momentum_buffers() = std::move(momentum);
+  }
+  return state;
+}
+
+}  // namespace kiln::io

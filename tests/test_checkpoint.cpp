@@ -1,0 +1,224 @@
+// Checkpoints: training resumed from one gives exactly the losses of the run that was never interrupted, in both
+// modes, with Adam (incl. AMSGrad) and SGD with momentum; bad checkpoints are refused without changing anything;
+// ModelCheckpoint writes real files.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kiln/dynamic/nn.hpp"
+#include "kiln/io/checkpoint.hpp"
+#include "kiln/io/weights.hpp"
+#include "kiln/kiln.hpp"
+#include "kiln/train.hpp"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+using static_net = Sequential<policy::cpu, Input<6>, Dense<16, Tanh>, Dense<8, ReLU>, Dense<3>>;
+nn::Sequential dynamic_net(std::uint64_t seed) {
+  manual_seed(seed);
+  return nn::Sequential(nn::Linear(6, 16), nn::Tanh(), nn::Linear(16, 8), nn::ReLU(), nn::Linear(8, 3));
+}
+
+fs::path temp_path(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / "kiln_test_checkpoint";
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+struct data_set {
+  Tensor<float> x{shape{64, 6}};
+  Tensor<std::int64_t> y{shape{64}};
+  data_set() {
+    random_generator rng(123);
+    for (float& v : x.span()) v = rng.normal<float>();
+    for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(3));
+  }
+  // A batch of 8 rows picked by the data generator (the thing a checkpoint must carry to resume the same order).
+  void batch(random_generator& rng, Tensor<float>& xb, Tensor<std::int64_t>& yb) const {
+    for (index_t r = 0; r < 8; ++r) {
+      auto i = static_cast<index_t>(rng.below(64));
+      for (index_t c = 0; c < 6; ++c) xb.at(r, c) = x.at(i, c);
+      yb[r] = y[i];
+    }
+  }
+};
+
+// Trains steps [first, last) and appends the losses; step_fn(x, y) does one step.
+template <class Step>
+void train(const data_set& d, random_generator& rng, int first, int last, std::vector<float>& losses, Step&& step_fn) {
+  Tensor<float> xb(shape{8, 6});
+  Tensor<std::int64_t> yb(shape{8});
+  for (int s = first; s < last; ++s) {
+    d.batch(rng, xb, yb);
+    losses.push_back(step_fn(xb, yb));
+  }
+}
+
+template <class Opt, class Options>
+void check_static_resume(Options options) {
+  const int total = 12, at = 5;
+  data_set d;
+  auto path = temp_path("static.ckpt");
+  std::vector<float> uninterrupted, resumed;
+  {
+    static_net net(8, 42);
+    Opt opt(options);
+    random_generator rng(7);
+    train(d, rng, 0, total, uninterrupted, [&](auto& x, auto& y) {
+      return net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+    });
+  }
+  {
+    static_net net(8, 42);
+    Opt opt(options);
+    random_generator rng(7);
+    std::vector<float> first;
+    train(d, rng, 0, at, first, [&](auto& x, auto& y) {
+      return net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+    });
+    io::save_checkpoint(path, net, opt, {.epoch = 0, .step = at, .generators = {{"data", rng.state()}}});
+    resumed = first;
+  }
+  static_net net(8, 1234);  // different initial weights: all must come from the checkpoint
+  Opt opt(options);
+  auto state = io::load_checkpoint(path, net, opt);
+  CHECK(state.step == at);
+  CHECK(opt.steps_taken() == at);
+  random_generator rng;
+  rng.set_state(state.generator("data"));
+  train(d, rng, at, total, resumed, [&](auto& x, auto& y) {
+    return net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  });
+  REQUIRE(resumed.size() == uninterrupted.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    CAPTURE(i);
+    CHECK(resumed[i] == uninterrupted[i]);  // bit for bit
+  }
+}
+
+template <class Opt, class Options>
+void check_dynamic_resume(Options options) {
+  const int total = 12, at = 5;
+  data_set d;
+  auto path = temp_path("dynamic.ckpt");
+  auto step = [](nn::Sequential& model, Opt& opt) {
+    return [&](auto& x, auto& y) {
+      opt.zero_grad();
+      auto l = nn::cross_entropy(model(nn::Variable(x)), y.span());
+      l.backward();
+      opt.step();
+      return l.item();
+    };
+  };
+  std::vector<float> uninterrupted, resumed;
+  {
+    auto model = dynamic_net(42);
+    Opt opt(model.parameters(), options);
+    random_generator rng(7);
+    train(d, rng, 0, total, uninterrupted, step(model, opt));
+  }
+  {
+    auto model = dynamic_net(42);
+    Opt opt(model.parameters(), options);
+    random_generator rng(7);
+    train(d, rng, 0, at, resumed, step(model, opt));
+    io::save_checkpoint(path, model, opt, {.epoch = 0, .step = at, .generators = {{"data", rng.state()}}});
+  }
+  auto model = dynamic_net(999);
+  Opt opt(model.parameters(), options);
+  auto state = io::load_checkpoint(path, model, opt);
+  random_generator rng;
+  rng.set_state(state.generator("data"));
+  train(d, rng, at, total, resumed, step(model, opt));
+  REQUIRE(resumed.size() == uninterrupted.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    CAPTURE(i);
+    CHECK(resumed[i] == uninterrupted[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("static mode: resuming from a checkpoint reproduces the uninterrupted losses bit for bit") {
+  SUBCASE("Adam") { check_static_resume<optim::Adam>(optim::adam_options{.lr = 1e-2}); }
+  SUBCASE("AdamW with AMSGrad") { check_static_resume<optim::AdamW>(optim::adamw_options{.lr = 1e-2, .amsgrad = true}); }
+  SUBCASE("SGD with momentum") { check_static_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9}); }
+}
+
+TEST_CASE("dynamic mode: resuming from a checkpoint reproduces the uninterrupted losses bit for bit") {
+  SUBCASE("Adam") { check_dynamic_resume<optim::Adam>(optim::adam_options{.lr = 1e-2}); }
+  SUBCASE("SGD with Nesterov momentum") {
+    check_dynamic_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  }
+}
+
+TEST_CASE("checkpoints: metadata, weights readable by load_weights, and refusals that change nothing") {
+  static_net net(8, 3);
+  optim::Adam opt({.lr = 0.003});
+  Tensor<float> x(shape{8, 6}, 0.5f);
+  Tensor<std::int64_t> y(shape{8}, 1);
+  net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  auto path = temp_path("meta.ckpt");
+  io::save_checkpoint(path, net, opt, {.epoch = 3, .step = 17, .metadata = {{"note", "hello"}}});
+  auto file = io::read_safetensors(path);
+  CHECK(*file.meta("kiln.format") == "checkpoint");
+  CHECK(*file.meta("optimizer") == "adam");
+
+  // load_weights reads the weights of a checkpoint.
+  static_net other(8, 4);
+  io::load_weights(other, path);
+  CHECK(other.state_dict()[0].second[0] == net.state_dict()[0].second[0]);
+
+  static_net fresh(8, 5);
+  optim::Adam fresh_opt;
+  auto state = io::load_checkpoint(path, fresh, fresh_opt);
+  CHECK(state.epoch == 3);
+  CHECK(state.step == 17);
+  CHECK(*state.meta("note") == "hello");
+  CHECK(fresh_opt.lr() == 0.003);
+  CHECK(fresh_opt.state().at(0).step == 1);
+
+  // The wrong optimizer kind, a different model, or a plain weights file: refused, nothing changed.
+  static_net untouched(8, 6);
+  auto before = untouched.state_dict();
+  optim::SGD sgd;
+  CHECK_THROWS_WITH_AS(io::load_checkpoint(path, untouched, sgd), doctest::Contains("optimizer 'adam'"), error);
+  using other_net = Sequential<policy::cpu, Input<6>, Dense<16, Tanh>, Dense<3>>;
+  other_net wrong(8, 1);
+  optim::Adam wrong_opt;
+  CHECK_THROWS_WITH_AS(io::load_checkpoint(path, wrong, wrong_opt), doctest::Contains("unexpected tensor"), error);
+  auto weights_only = temp_path("weights_only.safetensors");
+  io::save_weights(net, weights_only);
+  optim::Adam opt2;
+  CHECK_THROWS_WITH_AS(io::load_checkpoint(weights_only, untouched, opt2), doctest::Contains("not a kiln checkpoint"),
+                       error);
+  auto after = untouched.state_dict();
+  for (std::size_t i = 0; i < before.size(); ++i)
+    for (index_t k = 0; k < before[i].second.numel(); ++k) CHECK(before[i].second[k] == after[i].second[k]);
+}
+
+TEST_CASE("ModelCheckpoint writes the best weights to a file (and keeps them in memory)") {
+  data_set d;
+  static_net net(8, 2);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy});
+  auto path = temp_path("best_{epoch}.safetensors");
+  auto checkpoint = std::make_shared<train::ModelCheckpoint>(
+      train::ModelCheckpoint::options{.monitor = "loss", .save_best_only = true, .path = path.string()});
+  model.fit(d.x, d.y, {.epochs = 3, .batch_size = 8, .callbacks = {checkpoint}, .verbose = 0});
+  REQUIRE(checkpoint->best_epoch() >= 0);
+  REQUIRE(!checkpoint->last_path().empty());
+  CHECK(checkpoint->last_path() == temp_path("best_" + std::to_string(checkpoint->best_epoch()) + ".safetensors").string());
+  static_net loaded(8, 77);
+  io::load_weights(loaded, checkpoint->last_path());
+  auto a = loaded.state_dict();
+  const auto& b = checkpoint->best_weights();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (index_t k = 0; k < a[i].second.numel(); ++k) CHECK(a[i].second[k] == b[i].second[k]);
+}
