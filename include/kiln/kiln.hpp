@@ -8,6 +8,8 @@
 #include "kiln/layers/activation.hpp"
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/flatten.hpp"
+#include "kiln/layers/gru.hpp"
+#include "kiln/layers/lstm.hpp"
 #include "kiln/layers/softmax.hpp"
 #include "kiln/loss/losses.hpp"
 #include "kiln/optim/adam.hpp"

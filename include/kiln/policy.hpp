@@ -6,6 +6,7 @@
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/loss.hpp"
 #include "kiln/kernels/cpu/optim.hpp"
+#include "kiln/kernels/cpu/recurrent.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/cpu/softmax.hpp"
 
@@ -20,7 +21,8 @@ struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::reduce_kernels,
              kernels::cpu::softmax_kernels,
              kernels::cpu::loss_kernels,
-             kernels::cpu::optim_kernels {
+             kernels::cpu::optim_kernels,
+             kernels::cpu::recurrent_kernels {
   static constexpr const char* name = "cpu";
 
   template <class T>
