@@ -20,6 +20,8 @@ class basic_flatten : public basic_module<T> {
     }
   }
   std::string name() const override { return "Flatten"; }
+  int start_dim() const { return start_; }
+  int end_dim() const { return end_; }
   std::string extra_repr() const override {
     return "start_dim=" + std::to_string(start_) + ", end_dim=" + std::to_string(end_);
   }

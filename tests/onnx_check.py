@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Checks kiln's ONNX export: runs `io_export onnx DIR`, then for every DIR/<name>.onnx runs onnx.checker.check_model
+and onnxruntime on DIR/<name>.input.bin and compares with kiln's DIR/<name>.output.bin (|a - e| <= 1e-5 (1 + |e|)).
+
+    python3 tests/onnx_check.py <path to io_export> <dir>
+
+Needs onnx, onnxruntime and numpy (python3 -m pip install onnx onnxruntime numpy); without them it prints SKIPPED and
+exits with 77, which CTest reports as a skipped test.
+"""
+import glob
+import os
+import subprocess
+import sys
+
+try:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+except ImportError as e:
+    print(f"SKIPPED: onnx_check needs onnx, onnxruntime and numpy ({e}); "
+          "install them with: python3 -m pip install onnx onnxruntime numpy")
+    sys.exit(77)
+
+
+def main():
+    exporter, out_dir = sys.argv[1], sys.argv[2]
+    subprocess.run([exporter, "onnx", out_dir], check=True)
+    models = sorted(glob.glob(os.path.join(out_dir, "*.onnx")))
+    if not models:
+        sys.exit("onnx_check: io_export wrote no models")
+    failures = 0
+    for path in models:
+        name = os.path.basename(path)[:-5]
+        model = onnx.load(path)
+        onnx.checker.check_model(model, full_check=True)
+        assert model.producer_name == "kiln", model.producer_name
+        dims = model.graph.input[0].type.tensor_type.shape.dim
+        assert dims[0].dim_param == "N", dims[0]
+        sample = [d.dim_value for d in dims[1:]]
+        x = np.fromfile(os.path.join(out_dir, name + ".input.bin"), dtype="<f4").reshape([-1] + sample)
+        expected = np.fromfile(os.path.join(out_dir, name + ".output.bin"), dtype="<f4")
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        (y,) = session.run(None, {session.get_inputs()[0].name: x})
+        out_dims = model.graph.output[0].type.tensor_type.shape.dim
+        assert [d.dim_value for d in out_dims[1:]] == list(y.shape[1:]), (out_dims, y.shape)
+        y = y.reshape(-1)
+        err = np.abs(y - expected) - 1e-5 * (1 + np.abs(expected))
+        ok = y.shape == expected.shape and bool((err <= 0).all())
+        worst = float(np.abs(y - expected).max()) if y.shape == expected.shape else float("nan")
+        ops = sorted({n.op_type for n in model.graph.node})
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: opset {model.opset_import[0].version}, {len(model.graph.node)} nodes "
+              f"({', '.join(ops)}), max |onnxruntime - kiln| = {worst:.3g}")
+        failures += not ok
+    if failures:
+        sys.exit(f"onnx_check: {failures} of {len(models)} models differ from kiln's outputs")
+    print(f"onnx_check: {len(models)} models pass onnx.checker and match kiln within 1e-5 "
+          f"(onnx {onnx.__version__}, onnxruntime {ort.__version__})")
+
+
+if __name__ == "__main__":
+    main()
