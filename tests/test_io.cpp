@@ -11,7 +11,9 @@
 #include "kiln/io/json.hpp"
 #include "kiln/io/safetensors.hpp"
 #include "kiln/io/weights.hpp"
+#include "kiln/io/protobuf.hpp"
 #include "kiln/kiln.hpp"
+#include "kiln/train/ensemble.hpp"
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -247,4 +249,79 @@ TEST_CASE("a failed write leaves the previous file intact") {
   CHECK_THROWS_AS(io::save_weights(b, path), error);
   CHECK(read_bytes(path) == before);
   fs::remove_all(path.string() + ".tmp-kiln");
+}
+
+TEST_CASE("protobuf wire format: varints, tags, nested messages") {
+  std::string v;
+  io::protobuf::message::put_varint(v, 300);
+  CHECK(v == "\xac\x02");
+  io::protobuf::message inner;
+  inner.varint(1, 150);
+  CHECK(inner.str() == "\x08\x96\x01");
+  io::protobuf::message outer;
+  outer.nested(3, inner).bytes(2, "hi").varint(4, -1);
+  CHECK(outer.str() == std::string("\x1a\x03\x08\x96\x01\x12\x02hi\x20") + std::string(9, '\xff') + "\x01");
+}
+
+TEST_CASE("static freeze: frozen layers keep their weights, the rest train; dynamic set_requires_grad does the same") {
+  Tensor<float> x(shape{4, 3, 4}, 0.3f);
+  Tensor<std::int64_t> y(shape{4}, {0, 1, 2, 3});
+  static_mlp net(4, 1);
+  net.freeze(1);
+  CHECK(net.is_frozen(1));
+  CHECK(!net.is_frozen(2));
+  CHECK(net.trainable_parameter_count() == 5 * 8 + 5);
+  auto before = net.state_dict();
+  optim::Adam opt({.lr = 0.1});
+  for (int i = 0; i < 3; ++i) net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  auto after = net.state_dict();
+  CHECK(after[0].second[0] == before[0].second[0]);  // 1.weight frozen
+  CHECK(after[1].second[0] == before[1].second[0]);  // 1.bias frozen
+  CHECK(after[2].second[0] != before[2].second[0]);  // 3.weight trained
+  net.unfreeze(1);
+  net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  CHECK(net.state_dict()[0].second[0] != before[0].second[0]);
+  CHECK_THROWS_AS(net.freeze(4), error);
+
+  auto m = dynamic_mlp(1);
+  for (auto& p : m[1].parameters()) p.set_requires_grad(false);
+  auto dbefore = m.state_dict();
+  optim::Adam dopt(m.parameters(), {.lr = 0.1});
+  dopt.zero_grad();
+  auto l = nn::cross_entropy(m(nn::Variable(x)), y.span());
+  l.backward();
+  dopt.step();
+  auto dafter = m.state_dict();
+  CHECK(dafter[0].second[0] == dbefore[0].second[0]);
+  CHECK(dafter[2].second[0] != dbefore[2].second[0]);
+}
+
+TEST_CASE("ensemble: averages probabilities or outputs and votes, over models of both modes") {
+  static_mlp a(8, 1), b(8, 2);
+  auto c = dynamic_mlp(3);
+  ensemble ens;
+  ens.add(a).add(b).add(c);
+  CHECK(ens.size() == 3);
+  Tensor<float> x(shape{5, 3, 4});
+  random_generator rng(4);
+  for (float& v : x.span()) v = rng.normal<float>();
+  auto pa = a.predict(x), pb = b.predict(x), pc = dynamic_forward(c, x);
+  auto raw = ens.predict(x, ensemble_average::outputs);
+  for (index_t k = 0; k < raw.numel(); ++k) CHECK(raw[k] == doctest::Approx((pa[k] + pb[k] + pc[k]) / 3).epsilon(1e-6));
+  auto prob = ens.predict(x);
+  for (index_t r = 0; r < 5; ++r) {
+    float sum = 0;
+    for (index_t k = 0; k < 5; ++k) sum += prob.at(r, k);
+    CHECK(sum == doctest::Approx(1.0f).epsilon(1e-5));
+  }
+  // Vote: with three models the majority class wins whenever two agree.
+  auto votes = ens.vote(x);
+  auto ca = ensemble::argmax(pa), cb = ensemble::argmax(pb), cc = ensemble::argmax(pc);
+  for (index_t r = 0; r < 5; ++r) {
+    if (ca[r] == cb[r] || ca[r] == cc[r]) CHECK(votes[r] == ca[r]);
+    else if (cb[r] == cc[r]) CHECK(votes[r] == cb[r]);
+  }
+  CHECK(ensemble::accuracy(votes, votes.view()) == 1.0);
+  ensemble empty;
+  CHECK_THROWS_AS(empty.predict(x), error);
 }
