@@ -2,6 +2,7 @@
 // a policy type, so adding a backend means adding a policy and its kernels, nothing else.
 #pragma once
 
+#include "kiln/kernels/cpu/cnn.hpp"
 #include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/loss.hpp"
@@ -22,7 +23,8 @@ struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::softmax_kernels,
              kernels::cpu::loss_kernels,
              kernels::cpu::optim_kernels,
-             kernels::cpu::recurrent_kernels {
+             kernels::cpu::recurrent_kernels,
+             kernels::cpu::cnn_kernels {
   static constexpr const char* name = "cpu";
 
   template <class T>

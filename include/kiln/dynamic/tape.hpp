@@ -1,6 +1,6 @@
 // The autograd tape: a thread-local list of entries, one per differentiable op, appended as the ops run (DESIGN.md:
 // "an autograd tape recorded as the code runs"). An entry is a plain struct (a function pointer, the output, up to
-// three inputs, two small saved numbers) in a vector whose capacity is kept, so recording costs no allocation after
+// four inputs, two small saved numbers) in a vector whose capacity is kept, so recording costs no allocation after
 // warm-up and no std::function.
 //
 // Lifetime: an entry holds references to its inputs but not to its output. When the output dies (the user dropped
@@ -27,7 +27,7 @@ template <class T>
 struct tape_entry {
   backward_function<T> backward = nullptr;
   variable_node<T>* out = nullptr;  // not owned; null once the entry is dead
-  variable_node<T>* in[3] = {};     // owned references; unused slots are null
+  variable_node<T>* in[4] = {};     // owned references; unused slots are null
   T scalar = T(0);                  // a saved number (a slope, a scale)
   int aux = 0;                      // a saved integer (a dimension)
 };
@@ -54,20 +54,21 @@ class tape {
 
   // Appends an entry; takes references to the inputs. out must be a fresh node produced by the op.
   void record(backward_function<T> fn, variable_node<T>* out, variable_node<T>* a, variable_node<T>* b = nullptr,
-              variable_node<T>* c = nullptr, T scalar = T(0), int aux = 0) {
+              variable_node<T>* c = nullptr, T scalar = T(0), int aux = 0, variable_node<T>* d = nullptr) {
     retain(a);
     retain(b);
     retain(c);
+    retain(d);
     out->creator = static_cast<int>(entries_.size());
-    entries_.push_back(tape_entry<T>{fn, out, {a, b, c}, scalar, aux});
+    entries_.push_back(tape_entry<T>{fn, out, {a, b, c, d}, scalar, aux});
   }
 
   // The output of entry `index` died: drop the entry, release its inputs, pop dead entries off the end.
   void forget(int index) {
     auto& e = entries_[static_cast<std::size_t>(index)];
-    variable_node<T>* inputs[3] = {e.in[0], e.in[1], e.in[2]};
+    variable_node<T>* inputs[4] = {e.in[0], e.in[1], e.in[2], e.in[3]};
     e.out = nullptr;
-    e.in[0] = e.in[1] = e.in[2] = nullptr;
+    e.in[0] = e.in[1] = e.in[2] = e.in[3] = nullptr;
     for (auto* n : inputs) release(n);  // may recurse into forget() for earlier entries
     while (!entries_.empty() && entries_.back().out == nullptr) entries_.pop_back();
   }

@@ -1,0 +1,144 @@
+// Convolution helpers on the CPU: im2col / col2im (the convolution becomes one GEMM per sample and group), and the
+// per-channel bias of NCHW tensors. The GEMM itself is the policy's.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "kiln/core/config.hpp"
+#include "kiln/kernels/cpu/reduce.hpp"
+
+namespace kiln::kernels::cpu {
+
+// The geometry of one 2-D convolution or pooling window over NCHW data. pad_h / pad_w are the padding before the
+// first row / column; the output extents fix how far the windows reach past the end (PyTorch's "same" padding puts
+// the odd extra pixel there).
+struct conv_geometry {
+  index_t channels = 1, height = 1, width = 1;  // input, per sample
+  index_t out_channels = 1, out_height = 1, out_width = 1;
+  index_t kernel_h = 1, kernel_w = 1;
+  index_t stride_h = 1, stride_w = 1;
+  index_t pad_h = 0, pad_w = 0;
+  index_t dilation_h = 1, dilation_w = 1;
+  index_t groups = 1;
+
+  constexpr index_t in_size() const { return channels * height * width; }
+  constexpr index_t out_plane() const { return out_height * out_width; }
+  constexpr index_t out_size() const { return out_channels * out_plane(); }
+  // Rows of one group's column matrix: its input channels times the kernel window.
+  constexpr index_t group_k() const { return channels / groups * kernel_h * kernel_w; }
+  // Elements of one sample's column matrix (all groups).
+  constexpr index_t col_size() const { return channels * kernel_h * kernel_w * out_plane(); }
+  // A 1x1 kernel with unit stride and no padding reads the input as its own column matrix.
+  constexpr bool pointwise() const {
+    return kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0 &&
+           out_height == height && out_width == width;
+  }
+};
+
+// The output extent of a window sweep (PyTorch's formula): floor or ceil of (in + 2 pad - dilation (k - 1) - 1) / stride,
+// plus one; in ceil mode the last window must start inside the input or the left padding.
+constexpr index_t window_output_size(index_t in, index_t kernel, index_t stride, index_t pad, index_t dilation,
+                                     bool ceil_mode = false) {
+  index_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+  if (span < 0) return 0;
+  index_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+// The convolution kernels of the CPU policies.
+struct conv_kernels {
+  // col[(c * kh + i) * kw + j, oh * out_w + ow] = x[c, oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 outside)
+  // for one sample: the column matrix whose product with the weights is the convolution.
+  template <class T>
+  static void im2col(const T* KILN_RESTRICT x, T* KILN_RESTRICT col, const conv_geometry& g) {
+    const index_t oh_n = g.out_height, ow_n = g.out_width;
+    for (index_t c = 0; c < g.channels; ++c) {
+      const T* plane = x + c * g.height * g.width;
+      for (index_t i = 0; i < g.kernel_h; ++i) {
+        for (index_t j = 0; j < g.kernel_w; ++j) {
+          T* row = col + ((c * g.kernel_h + i) * g.kernel_w + j) * oh_n * ow_n;
+          const index_t dx = j * g.dilation_w - g.pad_w;
+          // Output columns whose input column lies inside [0, width): ow in [ow_lo, ow_hi).
+          index_t ow_lo = dx >= 0 ? 0 : (-dx + g.stride_w - 1) / g.stride_w;
+          index_t ow_hi = g.width - dx > 0 ? (g.width - dx + g.stride_w - 1) / g.stride_w : 0;
+          ow_lo = std::min(ow_lo, ow_n);
+          ow_hi = std::clamp(ow_hi, ow_lo, ow_n);
+          for (index_t oh = 0; oh < oh_n; ++oh) {
+            T* out = row + oh * ow_n;
+            const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+            if (ih < 0 || ih >= g.height) {
+              std::fill_n(out, ow_n, T(0));
+              continue;
+            }
+            const T* in = plane + ih * g.width + dx;
+            std::fill_n(out, ow_lo, T(0));
+            if (g.stride_w == 1) {
+              std::memcpy(out + ow_lo, in + ow_lo, static_cast<std::size_t>(ow_hi - ow_lo) * sizeof(T));
+            } else {
+              for (index_t ow = ow_lo; ow < ow_hi; ++ow) out[ow] = in[ow * g.stride_w];
+            }
+            std::fill_n(out + ow_hi, ow_n - ow_hi, T(0));
+          }
+        }
+      }
+    }
+  }
+
+  // The adjoint of im2col: x[c, ih, iw] = sum of the col entries that im2col copied from it (x is overwritten).
+  template <class T>
+  static void col2im(const T* KILN_RESTRICT col, T* KILN_RESTRICT x, const conv_geometry& g) {
+    std::fill_n(x, g.in_size(), T(0));
+    const index_t oh_n = g.out_height, ow_n = g.out_width;
+    for (index_t c = 0; c < g.channels; ++c) {
+      T* plane = x + c * g.height * g.width;
+      for (index_t i = 0; i < g.kernel_h; ++i) {
+        for (index_t j = 0; j < g.kernel_w; ++j) {
+          const T* row = col + ((c * g.kernel_h + i) * g.kernel_w + j) * oh_n * ow_n;
+          const index_t dx = j * g.dilation_w - g.pad_w;
+          index_t ow_lo = dx >= 0 ? 0 : (-dx + g.stride_w - 1) / g.stride_w;
+          index_t ow_hi = g.width - dx > 0 ? (g.width - dx + g.stride_w - 1) / g.stride_w : 0;
+          ow_lo = std::min(ow_lo, ow_n);
+          ow_hi = std::clamp(ow_hi, ow_lo, ow_n);
+          for (index_t oh = 0; oh < oh_n; ++oh) {
+            const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+            if (ih < 0 || ih >= g.height) continue;
+            const T* in = row + oh * ow_n;
+            T* out = plane + ih * g.width + dx;
+            if (g.stride_w == 1) {
+              for (index_t ow = ow_lo; ow < ow_hi; ++ow) out[ow] += in[ow];
+            } else {
+              for (index_t ow = ow_lo; ow < ow_hi; ++ow) out[ow * g.stride_w] += in[ow];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // y[n, c, :] += bias[c] for a (batch, channels, plane) tensor.
+  template <class T>
+  static void add_channel_bias(T* y, const T* bias, index_t batch, index_t channels, index_t plane) {
+    for (index_t n = 0; n < batch; ++n)
+      for (index_t c = 0; c < channels; ++c) {
+        T* p = y + (n * channels + c) * plane;
+        const T b = bias[c];
+        for (index_t s = 0; s < plane; ++s) p[s] += b;
+      }
+  }
+  // sums[c] (+)= sum over n and the plane of dy[n, c, :]: the bias gradient of a convolution.
+  template <class T>
+  static void sum_channels(const T* dy, T* sums, index_t batch, index_t channels, index_t plane, bool accumulate) {
+    for (index_t c = 0; c < channels; ++c) {
+      sum_type<T> total = 0;
+      for (index_t n = 0; n < batch; ++n) {
+        const T* p = dy + (n * channels + c) * plane;
+        for (index_t s = 0; s < plane; ++s) total += p[s];
+      }
+      sums[c] = accumulate ? sums[c] + static_cast<T>(total) : static_cast<T>(total);
+    }
+  }
+};
+
+}  // namespace kiln::kernels::cpu

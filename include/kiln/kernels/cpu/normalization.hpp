@@ -1,0 +1,175 @@
+// Batch and layer normalisation on the CPU. Statistics are summed in double for float data, in a fixed order, so the
+// results never depend on the thread count. Both forward passes save (mean, 1/sqrt(var + eps)) for the backward.
+#pragma once
+
+#include <cmath>
+
+#include "kiln/core/config.hpp"
+#include "kiln/kernels/cpu/reduce.hpp"
+
+namespace kiln::kernels::cpu {
+
+// The normalisation kernels of the CPU policies. Batch norm sees x as (batch, channels, spatial); layer norm as
+// (rows, cols) with each row normalised on its own. gamma / beta may be null (no affine transform).
+struct normalization_kernels {
+  // Training: batch statistics per channel (biased variance normalises; the unbiased one, n / (n - 1) times it,
+  // enters the running variance, as in PyTorch). running_mean / running_var are updated when not null:
+  // running = (1 - momentum) running + momentum batch.
+  template <class T>
+  static void batch_norm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+                                       T* running_mean, T* running_var, index_t batch, index_t channels,
+                                       index_t spatial, T eps, T momentum) {
+    using S = sum_type<T>;
+    const index_t count = batch * spatial;
+    for (index_t c = 0; c < channels; ++c) {
+      S total = 0;
+      for (index_t n = 0; n < batch; ++n) {
+        const T* p = x + (n * channels + c) * spatial;
+        for (index_t s = 0; s < spatial; ++s) total += p[s];
+      }
+      const S mean = total / S(count);
+      S squares = 0;
+      for (index_t n = 0; n < batch; ++n) {
+        const T* p = x + (n * channels + c) * spatial;
+        for (index_t s = 0; s < spatial; ++s) {
+          const S d = S(p[s]) - mean;
+          squares += d * d;
+        }
+      }
+      const S var = squares / S(count);
+      const T m = static_cast<T>(mean);
+      const T invstd = static_cast<T>(1 / std::sqrt(var + S(eps)));
+      save_mean[c] = m;
+      save_invstd[c] = invstd;
+      if (running_mean) running_mean[c] = (T(1) - momentum) * running_mean[c] + momentum * m;
+      if (running_var) {
+        const T unbiased = static_cast<T>(count > 1 ? squares / S(count - 1) : var);
+        running_var[c] = (T(1) - momentum) * running_var[c] + momentum * unbiased;
+      }
+      normalize_channel(x, gamma, beta, y, c, m, invstd, batch, channels, spatial);
+    }
+  }
+  // Evaluation: the running statistics normalise; they are also saved as (mean, invstd) for the backward.
+  template <class T>
+  static void batch_norm_forward_eval(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+                                      const T* running_mean, const T* running_var, index_t batch, index_t channels,
+                                      index_t spatial, T eps) {
+    for (index_t c = 0; c < channels; ++c) {
+      const T invstd = static_cast<T>(1 / std::sqrt(static_cast<sum_type<T>>(running_var[c]) + eps));
+      save_mean[c] = running_mean[c];
+      save_invstd[c] = invstd;
+      normalize_channel(x, gamma, beta, y, c, running_mean[c], invstd, batch, channels, spatial);
+    }
+  }
+  // dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)) when the batch statistics normalised (training), or
+  // gamma invstd dy with fixed statistics; dgamma = sum dy xhat, dbeta = sum dy (added with accumulate).
+  // dx may be null; it is overwritten otherwise.
+  template <class T>
+  static void batch_norm_backward(const T* x, const T* gamma, const T* dy, T* dx, T* dgamma, T* dbeta,
+                                  const T* mean, const T* invstd, index_t batch, index_t channels, index_t spatial,
+                                  bool batch_statistics, bool accumulate) {
+    using S = sum_type<T>;
+    const index_t count = batch * spatial;
+    for (index_t c = 0; c < channels; ++c) {
+      const T m = mean[c], is = invstd[c];
+      S sum_dy = 0, sum_dy_xhat = 0;
+      for (index_t n = 0; n < batch; ++n) {
+        const index_t o = (n * channels + c) * spatial;
+        for (index_t s = 0; s < spatial; ++s) {
+          sum_dy += dy[o + s];
+          sum_dy_xhat += S(dy[o + s]) * S((x[o + s] - m) * is);
+        }
+      }
+      if (dgamma) dgamma[c] = accumulate ? dgamma[c] + static_cast<T>(sum_dy_xhat) : static_cast<T>(sum_dy_xhat);
+      if (dbeta) dbeta[c] = accumulate ? dbeta[c] + static_cast<T>(sum_dy) : static_cast<T>(sum_dy);
+      if (!dx) continue;
+      const T scale = (gamma ? gamma[c] : T(1)) * is;
+      const T mean_dy = batch_statistics ? static_cast<T>(sum_dy / S(count)) : T(0);
+      const T mean_dy_xhat = batch_statistics ? static_cast<T>(sum_dy_xhat / S(count)) : T(0);
+      for (index_t n = 0; n < batch; ++n) {
+        const index_t o = (n * channels + c) * spatial;
+        for (index_t s = 0; s < spatial; ++s) {
+          const T xhat = (x[o + s] - m) * is;
+          dx[o + s] = scale * (dy[o + s] - mean_dy - xhat * mean_dy_xhat);
+        }
+      }
+    }
+  }
+
+  // Each row of x normalised by its own mean and biased variance, then scaled by gamma and shifted by beta (per
+  // column).
+  template <class T>
+  static void layer_norm_forward(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+                                 index_t rows, index_t cols, T eps) {
+    using S = sum_type<T>;
+    for (index_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      S total = 0;
+      for (index_t c = 0; c < cols; ++c) total += xr[c];
+      const S mean = total / S(cols);
+      S squares = 0;
+      for (index_t c = 0; c < cols; ++c) {
+        const S d = S(xr[c]) - mean;
+        squares += d * d;
+      }
+      const T m = static_cast<T>(mean);
+      const T is = static_cast<T>(1 / std::sqrt(squares / S(cols) + S(eps)));
+      save_mean[r] = m;
+      save_invstd[r] = is;
+      for (index_t c = 0; c < cols; ++c) {
+        T v = (xr[c] - m) * is;
+        if (gamma) v = v * gamma[c];
+        if (beta) v = v + beta[c];
+        yr[c] = v;
+      }
+    }
+  }
+  // dx = invstd (g - mean(g) - xhat mean(g xhat)) with g = gamma dy; dgamma = sum over rows of dy xhat, dbeta =
+  // sum of dy (added with accumulate). dx may be null; it is overwritten otherwise.
+  template <class T>
+  static void layer_norm_backward(const T* x, const T* gamma, const T* dy, T* dx, T* dgamma, T* dbeta, const T* mean,
+                                  const T* invstd, index_t rows, index_t cols, bool accumulate) {
+    using S = sum_type<T>;
+    if (dgamma && !accumulate)
+      for (index_t c = 0; c < cols; ++c) dgamma[c] = T(0);
+    if (dbeta && !accumulate)
+      for (index_t c = 0; c < cols; ++c) dbeta[c] = T(0);
+    for (index_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      const T* dyr = dy + r * cols;
+      const T m = mean[r], is = invstd[r];
+      S sum_g = 0, sum_g_xhat = 0;
+      for (index_t c = 0; c < cols; ++c) {
+        const T xhat = (xr[c] - m) * is;
+        const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
+        sum_g += g;
+        sum_g_xhat += S(g) * S(xhat);
+        if (dgamma) dgamma[c] += dyr[c] * xhat;
+        if (dbeta) dbeta[c] += dyr[c];
+      }
+      if (!dx) continue;
+      const T mean_g = static_cast<T>(sum_g / S(cols)), mean_g_xhat = static_cast<T>(sum_g_xhat / S(cols));
+      T* dxr = dx + r * cols;
+      for (index_t c = 0; c < cols; ++c) {
+        const T xhat = (xr[c] - m) * is;
+        const T g = gamma ? dyr[c] * gamma[c] : dyr[c];
+        dxr[c] = is * (g - mean_g - xhat * mean_g_xhat);
+      }
+    }
+  }
+
+ private:
+  template <class T>
+  static void normalize_channel(const T* x, const T* gamma, const T* beta, T* y, index_t c, T mean, T invstd,
+                                index_t batch, index_t channels, index_t spatial) {
+    const T scale = gamma ? gamma[c] * invstd : invstd;
+    const T shift = (beta ? beta[c] : T(0)) - mean * scale;
+    for (index_t n = 0; n < batch; ++n) {
+      const index_t o = (n * channels + c) * spatial;
+      for (index_t s = 0; s < spatial; ++s) y[o + s] = x[o + s] * scale + shift;
+    }
+  }
+};
+
+}  // namespace kiln::kernels::cpu

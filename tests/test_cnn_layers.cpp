@@ -1,0 +1,372 @@
+// Convolution, pooling, normalisation and dropout in both modes: finite-difference gradient checks in double (static
+// through a Sequential, dynamic per op and module), static and dynamic agreement on a small CNN, buffers versus
+// parameters in state_dict, and dropout's statistics.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kiln/dynamic/nn.hpp"
+#include "kiln/kiln.hpp"
+
+using namespace kiln;
+using V = nn::basic_variable<double>;
+
+namespace {
+
+// ---- static mode ---------------------------------------------------------------------------------------------------
+
+template <class Net>
+Tensor<double> random_input(index_t batch, std::uint64_t seed) {
+  random_generator rng(seed);
+  Tensor<double> x(Net::input_shape::batch_shape(batch));
+  for (auto& v : x.span()) v = rng.normal<double>();
+  return x;
+}
+
+// Checks every parameter gradient of a static model against central differences of the training-mode loss (batch
+// statistics, as the backward assumes; loss_value would evaluate with the running statistics).
+template <class Net>
+void check_static_gradients(Net& net, const Tensor<double>& x, const Tensor<double>& target) {
+  loss::mse loss;
+  net.train();
+  net.forward_backward(x, target, loss);
+  std::vector<double> analytic(net.gradient_values().begin(), net.gradient_values().end());
+  auto loss_at = [&] {
+    auto y = net.forward(x);
+    return loss.template forward_backward<policy::cpu>(y.data(), target.data(), static_cast<double*>(nullptr),
+                                                       x.extent(0), Net::output_shape::size);
+  };
+  auto params = net.parameter_values();
+  const double h = 1e-6;
+  double worst = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    double saved = params[i];
+    params[i] = saved + h;
+    double up = loss_at();
+    params[i] = saved - h;
+    double down = loss_at();
+    params[i] = saved;
+    double numeric = (up - down) / (2 * h);
+    worst = std::max(worst, std::abs(numeric - analytic[i]) / std::max(1.0, std::abs(numeric)));
+  }
+  CHECK(worst < 1e-6);
+}
+
+template <class Net>
+void run_static_check(std::uint64_t seed, index_t batch = 3) {
+  Net net(batch, seed);
+  // Perturb the parameters away from the tidy initial values (BatchNorm's 1 and 0) so every term is exercised.
+  random_generator rng(seed + 100);
+  for (auto& p : net.parameter_values()) p += 0.1 * rng.normal<double>();
+  auto x = random_input<Net>(batch, seed + 1);
+  Tensor<double> target(Net::output_shape::batch_shape(batch));
+  for (auto& v : target.span()) v = rng.normal<double>();
+  check_static_gradients(net, x, target);
+}
+
+// ---- dynamic mode --------------------------------------------------------------------------------------------------
+
+V random_leaf(const shape& s, std::uint64_t seed, double scale = 1.0, bool requires_grad = true) {
+  random_generator rng(seed);
+  Tensor<double> t(s);
+  for (auto& v : t.span()) v = scale * rng.normal<double>();
+  return V(t, requires_grad);
+}
+
+void check_gradients(const std::vector<V>& leaves, const std::function<V()>& f, double tolerance = 1e-6) {
+  for (const auto& leaf : leaves) leaf.zero_grad();
+  V loss = f();
+  loss.backward();
+  CHECK(nn::tape_size<double>() == 0);
+  const double eps = 1e-6;
+  for (std::size_t l = 0; l < leaves.size(); ++l) {
+    const V& leaf = leaves[l];
+    REQUIRE(leaf.has_grad());
+    auto value = leaf.value();
+    auto grad = leaf.grad();
+    double worst = 0;
+    for (index_t i = 0; i < leaf.numel(); ++i) {
+      double saved = value[i];
+      double plus, minus;
+      {
+        nn::no_grad guard;
+        value[i] = saved + eps;
+        plus = f().item();
+        value[i] = saved - eps;
+        minus = f().item();
+        value[i] = saved;
+      }
+      double numeric = (plus - minus) / (2 * eps);
+      double scale = std::max({1.0, std::abs(numeric), std::abs(grad[i])});
+      worst = std::max(worst, std::abs(grad[i] - numeric) / scale);
+    }
+    INFO("leaf ", l);
+    CHECK(worst <= tolerance);
+  }
+}
+
+// sum(y * w) for fixed random w.
+V weighted_sum(const V& y, std::uint64_t seed = 99) {
+  V w = random_leaf(y.shape(), seed, 1.0, false);
+  return nn::sum(nn::mul(y, w));
+}
+
+}  // namespace
+
+TEST_CASE("static gradients: Conv2D with stride, padding, same, dilation, groups, no bias") {
+  using Net = Sequential<policy::cpu, InputOf<double, 2, 7, 6>, Conv2D<4, 3, conv_options{.stride = 2, .padding = 1}>,
+                         Tanh, Conv2D<4, 2, conv_options{.dilation = 2, .groups = 2}>, Tanh,
+                         Conv2D<2, 3, conv_options{.same = true, .bias = false}>, Tanh, Conv2D<3, 1>, Flatten,
+                         Dense<2>>;
+  run_static_check<Net>(1);
+  using Even = Sequential<policy::cpu, InputOf<double, 3, 5, 5>, Conv2D<3, 2, conv_options{.same = true}>, Tanh,
+                          Conv2D<6, 3, conv_options{.stride = 2, .padding = 1, .dilation = 2, .groups = 3}>, Flatten,
+                          Dense<2>>;
+  run_static_check<Even>(2);
+}
+
+TEST_CASE("static gradients: MaxPool2D, AvgPool2D (padding, ceil mode), GlobalAvgPool2D") {
+  using Net = Sequential<policy::cpu, InputOf<double, 2, 7, 7>, Conv2D<3, 2>, MaxPool2D<2>, Tanh,
+                         Conv2D<3, 1>, AvgPool2D<3, 2, 1, true>, Conv2D<4, 1>, MaxPool2D<3, 2, 1, true>,
+                         Conv2D<4, 1>, AvgPool2D<2, 1, 1, false, false>, GlobalAvgPool2D, Dense<2>>;
+  run_static_check<Net>(3);
+}
+
+TEST_CASE("static gradients: BatchNorm1d, BatchNorm2d (training), LayerNorm") {
+  using Bn2 = Sequential<policy::cpu, InputOf<double, 2, 4, 4>, Conv2D<3, 3>, BatchNorm2d<>, Tanh, Flatten,
+                         Dense<5>, BatchNorm1d<0.2>, Tanh, Dense<2>>;
+  run_static_check<Bn2>(4, 4);
+  using Bn1 = Sequential<policy::cpu, InputOf<double, 3>, Dense<4>, Tanh, BatchNorm1d<0.1, 1e-3, false>, Dense<2>>;
+  run_static_check<Bn1>(5, 3);
+  using Bn1L = Sequential<policy::cpu, InputOf<double, 3, 4>, BatchNorm1d<>, Tanh, Flatten, Dense<2>>;
+  run_static_check<Bn1L>(7, 3);
+  using Ln = Sequential<policy::cpu, InputOf<double, 2, 3, 4>, Conv2D<3, 1>, LayerNorm<3, 4>, Tanh, LayerNorm<>,
+                        Conv2D<2, 1>, layer_norm_layer<1e-3, false, 4>, Flatten, Dense<3>, LayerNorm<3>>;
+  run_static_check<Ln>(6, 2);
+}
+
+TEST_CASE("static shapes: inference and accepts") {
+  using Net = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
+                         Dropout<0.25>, Flatten, Dense<128, ReLU>, Dense<10>>;
+  static_assert(std::is_same_v<Net::output_shape, dims<10>>);
+  static_assert(Net::parameter_count() == 32 * 9 + 32 + 64 * 32 * 9 + 64 + 9216 * 128 + 128 + 1290);
+  static_assert(!Conv2D<8, 7>::accepts<dims<1, 4, 4>>);
+  static_assert(!Conv2D<8, 3, conv_options{.groups = 2}>::accepts<dims<3, 8, 8>>);
+  static_assert(Conv2D<8, 3, conv_options{.groups = 2}>::accepts<dims<4, 8, 8>>);
+  static_assert(std::is_same_v<Conv2D<8, 4, conv_options{.same = true}>::bind<dims<2, 9, 9>>::output, dims<8, 9, 9>>);
+  static_assert(std::is_same_v<MaxPool2D<2>::bind<dims<3, 5, 5>>::output, dims<3, 2, 2>>);
+  static_assert(std::is_same_v<MaxPool2D<2, 2, 0, true>::bind<dims<3, 5, 5>>::output, dims<3, 3, 3>>);
+  static_assert(std::is_same_v<GlobalAvgPool2D::bind<dims<3, 5, 5>>::output, dims<3>>);
+  static_assert(!BatchNorm2d<>::accepts<dims<4>>);
+  static_assert(!LayerNorm<5>::accepts<dims<3, 4>>);
+  Net net(2, 0);
+  CHECK(net.summary_rows()[0].name == "Conv2D(3x3)");
+}
+
+TEST_CASE("dynamic gradients: conv2d") {
+  V x = random_leaf({2, 4, 6, 5}, 1);
+  struct conv_case {
+    shape w;
+    index_t stride;
+    nn::conv_padding padding;
+    index_t dilation, groups;
+    bool bias;
+  };
+  for (const auto& c : {conv_case{{3, 4, 3, 3}, 1, 0, 1, 1, true}, conv_case{{4, 2, 3, 2}, 2, 1, 1, 2, true},
+                        conv_case{{2, 4, 2, 2}, 1, "same", 2, 1, false}, conv_case{{4, 1, 3, 3}, 2, 2, 2, 4, true},
+                        conv_case{{3, 4, 1, 1}, 1, 0, 1, 1, true}, conv_case{{3, 4, 4, 4}, 1, "same", 1, 1, true}}) {
+    CAPTURE(c.w);
+    V w = random_leaf(c.w, 2), b = random_leaf({c.w[0]}, 3);
+    std::vector<V> leaves{x, w};
+    if (c.bias) leaves.push_back(b);
+    check_gradients(leaves, [&] {
+      V y = nn::conv2d(x, w, c.bias ? b : V(), c.stride, c.padding, c.dilation, c.groups);
+      return weighted_sum(nn::tanh(y));
+    });
+  }
+  // x used twice: the second use accumulates into x's gradient.
+  V w = random_leaf({4, 4, 3, 3}, 4);
+  check_gradients({x, w}, [&] { return weighted_sum(nn::add(nn::conv2d(x, w, V(), 1, 1), x)); });
+}
+
+TEST_CASE("dynamic gradients: pooling") {
+  V x = random_leaf({2, 3, 7, 6}, 5);
+  check_gradients({x}, [&] { return weighted_sum(nn::max_pool2d(x, 2)); });
+  check_gradients({x}, [&] { return weighted_sum(nn::max_pool2d(x, 3, 2, 1, true)); });
+  check_gradients({x}, [&] { return weighted_sum(nn::avg_pool2d(x, 3, 2, 1, true)); });
+  check_gradients({x}, [&] { return weighted_sum(nn::avg_pool2d(x, 2, 1, 1, false, false)); });
+  check_gradients({x}, [&] { return weighted_sum(nn::global_avg_pool2d(x)); });
+  check_gradients({x}, [&] { return weighted_sum(nn::adaptive_avg_pool2d(x, 1)); });
+  check_gradients({x}, [&] { return weighted_sum(nn::add(nn::max_pool2d(x, 1), x)); });
+}
+
+TEST_CASE("dynamic gradients: batch_norm, layer_norm, dropout") {
+  V x4 = random_leaf({3, 2, 3, 2}, 6), x2 = random_leaf({5, 3}, 7), x3 = random_leaf({2, 3, 4}, 8);
+  V gamma = random_leaf({2}, 9, 0.5), beta = random_leaf({2}, 10);
+  V rm = random_leaf({2}, 11, 0.1, false), rv(Tensor<double>(shape{2}, {0.5, 2.0}));
+  for (bool training : {true, false}) {
+    CAPTURE(training);
+    check_gradients({x4, gamma, beta}, [&] {
+      return weighted_sum(nn::tanh(nn::batch_norm(x4, rm, rv, gamma, beta, training, 0.1, 1e-5)));
+    });
+  }
+  V g3 = random_leaf({3}, 12), b3 = random_leaf({3}, 13);
+  check_gradients({x2, g3, b3}, [&] { return weighted_sum(nn::batch_norm(x2, V(), V(), g3, b3, true)); });
+  check_gradients({x2}, [&] { return weighted_sum(nn::batch_norm(x2, V(), V(), V(), V(), true)); });
+  V g34 = random_leaf({3, 4}, 14), b34 = random_leaf({3, 4}, 15);
+  check_gradients({x3, g34, b34}, [&] { return weighted_sum(nn::tanh(nn::layer_norm(x3, {3, 4}, g34, b34))); });
+  V g4 = random_leaf({4}, 16), b4 = random_leaf({4}, 17);
+  check_gradients({x3, g4, b4}, [&] { return weighted_sum(nn::layer_norm(x3, {4}, g4, b4, 1e-3)); });
+  check_gradients({x3}, [&] { return weighted_sum(nn::layer_norm(x3, {4})); });
+  // The same mask for every evaluation: a fresh copy of one generator each time.
+  random_generator rng(5);
+  check_gradients({x3}, [&] {
+    random_generator copy = rng;
+    return weighted_sum(nn::dropout(x3, 0.4, true, copy));
+  });
+}
+
+TEST_CASE("dynamic gradients: modules in a Sequential") {
+  manual_seed(7);
+  nn::basic_sequential<double> net(nn::basic_conv2d<double>(2, 4, 3, 1, 1), nn::basic_batch_norm2d<double>(4),
+                                   nn::basic_tanh<double>(), nn::basic_max_pool2d<double>(2),
+                                   nn::basic_conv2d<double>(4, 4, 3, 1, "same", 1, 2),
+                                   nn::basic_avg_pool2d<double>(2, 1), nn::basic_layer_norm<double>(shape{4, 2, 2}),
+                                   nn::basic_global_avg_pool2d<double>(), nn::basic_linear<double>(4, 3),
+                                   nn::basic_batch_norm1d<double>(3));
+  V x = random_leaf({3, 2, 6, 6}, 18);
+  std::vector<V> leaves{x};
+  for (auto& p : net.parameters()) leaves.push_back(p);
+  CHECK(leaves.size() == 1 + 2 + 2 + 2 + 2 + 2 + 2);
+  check_gradients(leaves, [&] { return weighted_sum(net(x)); });
+}
+
+TEST_CASE("static and dynamic mode: same weights and identical losses for a small CNN") {
+  using Net = Sequential<policy::cpu, Input<1, 8, 8>, Conv2D<4, 3, conv_options{.padding = 1}>, ReLU, MaxPool2D<2>,
+                         Conv2D<6, 3, conv_options{.groups = 2, .bias = false}>, BatchNorm2d<>, ReLU, AvgPool2D<2>,
+                         Flatten, Dense<5>, LayerNorm<5>, Dropout<0.0>, Dense<3>>;
+  Net net(8, 31);
+  manual_seed(31);
+  nn::Sequential model(nn::Conv2d(1, 4, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2), nn::Conv2d(4, 6, 3, 1, 0, 1, 2, false),
+                       nn::BatchNorm2d(6), nn::ReLU(), nn::AvgPool2d(2), nn::Flatten(), nn::Linear(6, 5),
+                       nn::LayerNorm(5), nn::Dropout(0.0), nn::Linear(5, 3));
+  auto static_dict = net.state_dict();
+  auto dynamic_dict = model.state_dict();
+  REQUIRE(static_dict.size() == dynamic_dict.size());
+  for (std::size_t i = 0; i < static_dict.size(); ++i) {
+    CHECK(static_dict[i].first == dynamic_dict[i].first);
+    REQUIRE(static_dict[i].second.shape() == dynamic_dict[i].second.shape());
+    for (index_t j = 0; j < static_dict[i].second.numel(); ++j)
+      CHECK(static_dict[i].second[j] == dynamic_dict[i].second[j]);
+  }
+  random_generator rng(4);
+  Tensor<float> x(shape{8, 1, 8, 8});
+  Tensor<std::int64_t> y(shape{8});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(3));
+  // One optimizer slot per tensor in both modes. (The optimizer's update of an element can differ by an ulp between
+  // one flat slot and per-tensor slots, the compiler's vector body and scalar tail falling differently.)
+  net.set_options({.flat_parameters = false});
+  optim::Adam static_opt({.lr = 1e-2});
+  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-2});
+  nn::Variable input(x);
+  for (int step = 0; step < 4; ++step) {
+    float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
+    dynamic_opt.zero_grad();
+    auto l = nn::cross_entropy(model(input), y);
+    l.backward();
+    dynamic_opt.step();
+    CHECK(s == l.item());
+  }
+  // Fresh models: three training forwards update the running statistics identically, and evaluation with them
+  // gives the same loss.
+  Net fresh(8, 31);
+  manual_seed(31);
+  nn::Sequential again(nn::Conv2d(1, 4, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2), nn::Conv2d(4, 6, 3, 1, 0, 1, 2, false),
+                       nn::BatchNorm2d(6), nn::ReLU(), nn::AvgPool2d(2), nn::Flatten(), nn::Linear(6, 5),
+                       nn::LayerNorm(5), nn::Dropout(0.0), nn::Linear(5, 3));
+  for (int step = 0; step < 3; ++step) {
+    fresh.forward(x);
+    again(input);
+  }
+  static_dict = fresh.state_dict();
+  dynamic_dict = again.state_dict();
+  for (std::size_t i = 0; i < static_dict.size(); ++i)
+    for (index_t j = 0; j < static_dict[i].second.numel(); ++j)
+      CHECK(static_dict[i].second[j] == dynamic_dict[i].second[j]);
+  fresh.eval();
+  again.eval();
+  float s = fresh.loss_value(x, y, loss::cross_entropy{});
+  nn::no_grad guard;
+  CHECK(s == nn::cross_entropy(again(input), y).item());
+}
+
+TEST_CASE("BatchNorm keeps running statistics as buffers, apart from its parameters") {
+  using Net = Sequential<policy::cpu, Input<1, 4, 4>, Conv2D<3, 3>, BatchNorm2d<>, Flatten, Dense<2>>;
+  Net net(2, 1);
+  std::vector<std::string> names;
+  for (auto& [name, tensor] : net.state_dict()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
+                                          "1.running_var", "1.num_batches_tracked", "3.weight", "3.bias"});
+  std::vector<std::string> params;
+  for (auto& p : Net::named_parameter_infos()) params.push_back(p.name);
+  CHECK(params == std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "3.weight", "3.bias"});
+  CHECK(net.state_dict()[5].second[0] == 1.0f);  // running_var starts at 1
+
+  nn::Sequential model(nn::Conv2d(1, 3, 3), nn::BatchNorm2d(3), nn::Flatten(), nn::Linear(12, 2));
+  std::vector<std::string> dynamic_names, buffer_names, parameter_names;
+  for (auto& [name, tensor] : model.state_dict()) dynamic_names.push_back(name);
+  for (auto& [name, v] : model.named_buffers()) buffer_names.push_back(name);
+  for (auto& [name, v] : model.named_parameters()) parameter_names.push_back(name);
+  CHECK(dynamic_names == names);
+  CHECK(buffer_names == std::vector<std::string>{"1.running_mean", "1.running_var", "1.num_batches_tracked"});
+  CHECK(parameter_names == params);
+  // Training steps count batches; evaluation leaves the buffers alone.
+  nn::Variable x(Tensor<float>(shape{2, 1, 4, 4}, 0.5f));
+  model(x);
+  model(x);
+  CHECK(model.named_buffers()[2].second.item() == 2.0f);
+  model.eval();
+  model(x);
+  CHECK(model.named_buffers()[2].second.item() == 2.0f);
+}
+
+TEST_CASE("Dropout: identity in evaluation, the expected fraction dropped in training") {
+  const index_t n = 100000;
+  Tensor<float> ones(shape{n}, 1.0f);
+  nn::Dropout drop(0.3f);
+  nn::Variable x(ones);
+  auto y = drop(x);
+  index_t zeros = 0;
+  for (index_t i = 0; i < n; ++i) {
+    float v = y.value()[i];
+    CHECK((v == 0.0f || std::abs(v - 1.0f / 0.7f) < 1e-6f));
+    zeros += v == 0.0f;
+  }
+  CHECK(std::abs(double(zeros) / n - 0.3) < 0.01);
+  drop.eval();
+  auto z = drop(x);
+  for (index_t i = 0; i < n; ++i) CHECK(z.value()[i] == 1.0f);
+
+  using Net = Sequential<policy::cpu, Input<1000>, Dropout<0.5>, Dense<1>>;
+  Net net(10, 3);
+  Tensor<float> input(shape{10, 1000}, 2.0f);
+  net.train();
+  auto out = net.forward(input);
+  (void)out;
+  net.eval();
+  auto a = net.forward(input);
+  float eval_value = a.data()[0];
+  auto b = net.predict(input);
+  CHECK(b[0] == eval_value);
+  // In training the first layer's output holds zeros and 4s in about equal numbers.
+  net.train();
+  Tensor<float> labels(shape{10, 1}, 0.0f);
+  net.forward_backward(input, labels, loss::mse{});
+  // Same seed, same masks: two models agree step for step.
+  Net again(10, 3);
+  CHECK(again.forward_backward(input, labels, loss::mse{}) == Net(10, 3).forward_backward(input, labels, loss::mse{}));
+}
