@@ -319,7 +319,7 @@ std::string onnx_model_bytes(const Sequential<Policy, InputSpec, Layers...>& net
       if (name.rfind(prefix, 0) == 0 && name.find('.', prefix.size()) == std::string::npos) params.push_back(&tensor);
     onnx_emit(b, layer, params);
     torch_index += 1;
-    if constexpr (detail::has_fused_activation<L>)
+    if constexpr (kiln::detail::has_fused_activation<L>)
       if (L::fused_activation != activation::identity) torch_index += 1;
   };
   (emit(Layers{}), ...);
