@@ -1,0 +1,63 @@
+// Conv2D forward + backward throughput at the MNIST CNN's shapes (batch 64: 1->32 3x3 on 28x28, 32->64 3x3 on
+// 26x26), through the layer functions both modes call (im2col + the policy's GEMM). The backward forms the weight,
+// bias and input gradients. FLOPs count the multiply-adds of the three products (2 per multiply-add), as PyTorch's
+// peer script bench/conv_bench_torch.py does.
+//
+//   conv_bench [--threads N] [--batch 64] [--seconds 2]
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "../examples/common.hpp"
+#include "kiln/kiln.hpp"
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  examples::flags flags(argc, argv);
+  const int threads = static_cast<int>(flags.get_int("--threads", 1));
+  const index_t batch = flags.get_int("--batch", 64);
+  const double seconds = std::atof(flags.get("--seconds", "2").c_str());
+  set_num_threads(threads);
+  struct conv_shape {
+    const char* name;
+    index_t in, out, size;
+  };
+  for (auto s : {conv_shape{"conv1_1x28x28_to_32", 1, 32, 28}, conv_shape{"conv2_32x26x26_to_64", 32, 64, 26}}) {
+    const conv_geometry g = make_conv_geometry(s.in, s.size, s.size, s.out, 3, 3, 1, 1, 0, 0, 1, 1, 1);
+    random_generator rng(1);
+    std::vector<float> x(static_cast<std::size_t>(batch * g.in_size())), w(static_cast<std::size_t>(s.out * g.group_k())),
+        b(static_cast<std::size_t>(s.out)), y(static_cast<std::size_t>(batch * g.out_size())),
+        dy(y.size()), dx(x.size()), dw(w.size()), db(b.size()),
+        col(static_cast<std::size_t>(conv2d_col_size(g, batch)));
+    for (auto& v : x) v = rng.normal<float>();
+    for (auto& v : w) v = rng.normal<float>() * 0.1f;
+    for (auto& v : dy) v = rng.normal<float>();
+    using P = policy::cpu;
+    auto forward = [&] { conv2d_forward<P>(x.data(), w.data(), b.data(), y.data(), col.data(), batch, g); };
+    auto backward = [&] {
+      conv2d_backward<P>(x.data(), w.data(), dy.data(), dx.data(), dw.data(), db.data(), col.data(), batch, g, false);
+    };
+    const double flops = 2.0 * double(batch) * double(g.out_size()) * double(g.group_k());  // one product
+    auto time = [&](auto&& body) {
+      body();  // warm-up
+      long long reps = 0;
+      auto start = std::chrono::steady_clock::now();
+      while (examples::seconds_since(start) < seconds || reps < 3) {
+        body();
+        ++reps;
+      }
+      return examples::seconds_since(start) / double(reps);
+    };
+    double tf = time(forward);
+    double tfb = time([&] {
+      forward();
+      backward();
+    });
+    std::printf("RESULT bench=conv impl=kiln shape=%s batch=%lld threads=%d fwd_ms=%.3f fwd_bwd_ms=%.3f "
+                "fwd_gflops=%.2f fwd_bwd_gflops=%.2f\n",
+                s.name, static_cast<long long>(batch), threads, tf * 1e3, tfb * 1e3, flops / tf * 1e-9,
+                3 * flops / tfb * 1e-9);
+  }
+  return 0;
+}
