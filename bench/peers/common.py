@@ -53,8 +53,8 @@ def set_thread_env(n):
     flags = os.environ.get("XLA_FLAGS", "")
     if n == "1":
         flags += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    else:
-        flags += " intra_op_parallelism_threads=" + n
+    # N > 1: XLA's default pool uses all cores (2 here); a bare "intra_op_parallelism_threads=N" token that does
+    # not follow a "--" flag makes XLA abort (it takes it for a flag file name).
     os.environ["XLA_FLAGS"] = flags.strip()
 
 
