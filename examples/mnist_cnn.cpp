@@ -1,8 +1,8 @@
 // A small CNN on MNIST, in either mode, trained with kiln::Model (Adam 1e-3, batch 64):
-//   Conv 32 3x3 - ReLU - Conv 64 3x3 - ReLU - MaxPool 2 - Dropout 0.25 - Flatten - Dense 128 ReLU - Dropout 0.5 - Dense 10
+//   Conv 32 3x3 - ReLU - Conv 64 3x3 - ReLU - MaxPool 2 - Dropout 0.25 - Flatten - Dense 128 ReLU - Dense 10
 // Static and dynamic mode start from the same weights (same seed) and run the same kernels.
 //
-//   mnist_cnn [--mode static|dynamic] [--epochs 2] [--data DIR] [--threads N] [--seed 42]
+//   mnist_cnn [--mode static|dynamic] [--epochs 3] [--data DIR] [--threads N] [--seed 42]
 #include <cstdio>
 
 #include "cnn_common.hpp"
@@ -10,19 +10,18 @@
 using namespace kiln;
 
 using static_cnn = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
-                              Dropout<0.25>, Flatten, Dense<128, ReLU>, Dropout<0.5>, Dense<10>>;
+                              Dropout<0.25>, Flatten, Dense<128, ReLU>, Dense<10>>;
 
 nn::Sequential dynamic_cnn(std::uint64_t seed) {
   manual_seed(seed);
   return nn::Sequential(nn::Conv2d(1, 32, 3), nn::ReLU(), nn::Conv2d(32, 64, 3), nn::ReLU(), nn::MaxPool2d(2),
-                        nn::Dropout(0.25), nn::Flatten(), nn::Linear(9216, 128), nn::ReLU(), nn::Dropout(0.5),
-                        nn::Linear(128, 10));
+                        nn::Dropout(0.25), nn::Flatten(), nn::Linear(9216, 128), nn::ReLU(), nn::Linear(128, 10));
 }
 
 int main(int argc, char** argv) try {
   examples::flags flags(argc, argv);
   std::string mode = flags.get("--mode", "static");
-  int epochs = static_cast<int>(flags.get_int("--epochs", 2));
+  int epochs = static_cast<int>(flags.get_int("--epochs", 3));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
   if (mode != "static" && mode != "dynamic") fail("mnist_cnn: expected --mode static|dynamic, found ", mode);
