@@ -1,0 +1,43 @@
+// A static CNN training step (convolutions, pooling, batch and layer norm, dropout) allocates nothing after the
+// first: im2col buffers, saved statistics and dropout masks live in the scratch planned at construction.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "kiln/kiln.hpp"
+
+namespace {
+std::atomic<long> allocations{0};
+}
+
+void* operator new(std::size_t bytes) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace kiln;
+
+TEST_CASE("no heap allocation in a static CNN training step after the first") {
+  using Net = Sequential<policy::cpu, Input<1, 12, 12>, Conv2D<8, 3, conv_options{.padding = 1}>, BatchNorm2d<>, ReLU,
+                         MaxPool2D<2>, Conv2D<8, 3, conv_options{.groups = 2}>, ReLU, AvgPool2D<2>, Dropout<0.25>,
+                         Flatten, Dense<16>, LayerNorm<16>, ReLU, Dense<10>>;
+  Net net(32, 42);
+  Tensor<float> x(shape{32, 1, 12, 12}, 0.1f);
+  for (index_t i = 0; i < x.numel(); ++i) x[i] = float(i % 7) * 0.1f;
+  Tensor<std::int64_t> labels(shape{32});
+  for (int i = 0; i < 32; ++i) labels[i] = i % 10;
+  optim::Adam adam({.lr = 1e-3});
+  net.train_step(x, labels, loss::cross_entropy{}, adam);
+  net.train_step(x.rows(0, 9), labels.rows(0, 9), loss::cross_entropy{}, adam);
+  long before = allocations.load();
+  for (int step = 0; step < 5; ++step) {
+    net.train_step(x, labels, loss::cross_entropy{}, adam);
+    net.train_step(x.rows(0, 9), labels.rows(0, 9), loss::cross_entropy{}, adam);
+  }
+  CHECK(allocations.load() - before == 0);
+}
