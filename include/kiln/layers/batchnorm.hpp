@@ -33,7 +33,7 @@ void batch_norm_forward(const T* x, const T* gamma, const T* beta, T* y, T* save
   if (training) {
     Policy::batch_norm_forward_train(x, gamma, beta, y, save_mean, save_invstd, state.running_mean, state.running_var,
                                      batch, channels, spatial, eps, momentum);
-    if (state.num_batches_tracked) *state.num_batches_tracked += T(1);
+    if (state.num_batches_tracked) Policy::batch_norm_count_batch(state.num_batches_tracked);
   } else {
     Policy::batch_norm_forward_eval(x, gamma, beta, y, save_mean, save_invstd, state.running_mean, state.running_var,
                                     batch, channels, spatial, eps);

@@ -1,6 +1,7 @@
 // Conv2D (PyTorch's Conv2d) over NCHW data: stride, zero padding (explicit or "same"), dilation, groups, optional
-// bias. The math lives here once: im2col of each sample into a column matrix, then one GEMM per group (a 1x1 kernel
-// with unit stride reads the input directly). Static mode's kiln::Conv2D and dynamic mode's nn::Conv2d both call
+// bias. The math lives in the policy's conv2d_forward / conv2d_backward kernels: on the CPU (and policy::cuda) im2col
+// of each sample into a column matrix, then one GEMM per group (a 1x1 kernel with unit stride reads the input
+// directly); policy::cudnn calls cuDNN. Static mode's kiln::Conv2D and dynamic mode's nn::Conv2d both call
 // conv2d_forward and conv2d_backward; the column matrices live in the layer's scratch (static) or in a node the tape
 // keeps (dynamic), and are reused by the backward for the weight gradient.
 #pragma once
@@ -61,22 +62,11 @@ constexpr index_t conv2d_col_size(const conv_geometry& g, index_t batch) {
 
 // y[n, o, :, :] = sum over the group's channels and the window of weight[o, c, i, j] x[n, c, ...] + bias[o].
 // weight is (out_channels, channels / groups, kernel_h, kernel_w); bias may be null; col holds conv2d_col_size(g,
-// batch) elements (null for pointwise) and keeps the column matrices for the backward.
+// batch) elements (null for pointwise) and keeps the column matrices for the backward (policies that convolve
+// without them, as cuDNN does, leave it alone). The policy's conv2d_forward does the work, with Policy's own GEMM.
 template <class Policy, class T>
 void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch, const conv_geometry& g) {
-  const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
-  for (index_t n = 0; n < batch; ++n) {
-    const T* columns = x + n * g.in_size();
-    if (!g.pointwise()) {
-      T* c = col + n * g.col_size();
-      Policy::im2col(columns, c, g);
-      columns = c;
-    }
-    for (index_t grp = 0; grp < g.groups; ++grp)
-      Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
-                   columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane, plane);
-  }
-  if (bias) Policy::add_channel_bias(y, bias, batch, g.out_channels, plane);
+  Policy::template conv2d_forward<Policy>(x, weight, bias, y, col, batch, g);
 }
 
 // Given dL/dy: dweight (+)= sum over samples of dy_n col_n^T, dbias (+)= channel sums of dy (accumulate adds, as
@@ -85,24 +75,7 @@ void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, in
 template <class Policy, class T>
 void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col, index_t batch,
                      const conv_geometry& g, bool accumulate) {
-  const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
-  if (dbias) Policy::sum_channels(dy, dbias, batch, g.out_channels, plane, accumulate);
-  for (index_t n = 0; n < batch; ++n) {
-    const T* columns = g.pointwise() ? x + n * g.in_size() : col + n * g.col_size();
-    const T* dyn = dy + n * g.out_size();
-    if (dweight) {
-      const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
-      for (index_t grp = 0; grp < g.groups; ++grp)
-        Policy::gemm(false, true, out_per_group, k, plane, T(1), dyn + grp * out_per_group * plane, plane,
-                     columns + grp * k * plane, plane, beta, dweight + grp * out_per_group * k, k);
-    }
-    if (!dx) continue;
-    T* dcol = g.pointwise() ? dx + n * g.in_size() : col + n * g.col_size();
-    for (index_t grp = 0; grp < g.groups; ++grp)
-      Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
-                   dyn + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane, plane);
-    if (!g.pointwise()) Policy::col2im(dcol, dx + n * g.in_size(), g);
-  }
+  Policy::template conv2d_backward<Policy>(x, weight, dy, dx, dweight, dbias, col, batch, g, accumulate);
 }
 
 // PyTorch's Conv2d initialisation: kaiming_uniform(a = sqrt(5)) over fan_in = channels / groups * kh * kw, which is

@@ -1,5 +1,5 @@
-// Convolution helpers on the CPU: im2col / col2im (the convolution becomes one GEMM per sample and group), and the
-// per-channel bias of NCHW tensors. The GEMM itself is the policy's.
+// Convolution on the CPU: im2col / col2im (the convolution becomes one GEMM per sample and group), the per-channel
+// bias of NCHW tensors, and the convolution itself built from them. The GEMM is the policy's.
 #pragma once
 
 #include <algorithm>
@@ -114,6 +114,56 @@ struct conv_kernels {
           }
         }
       }
+    }
+  }
+
+  // y[n, o, :, :] = sum over the group's channels and the window of weight[o, c, i, j] x[n, c, ...] + bias[o]:
+  // im2col of each sample into col (which keeps the column matrices for the backward), then one GEMM per group (a
+  // pointwise kernel reads the input directly). weight is (out_channels, channels / groups, kernel_h, kernel_w); bias
+  // may be null; col holds batch * g.col_size() elements (none for pointwise). Policy names the policy whose im2col,
+  // gemm and add_channel_bias run, so a policy that replaces only the GEMM (cpu_blas) convolves with its own GEMM.
+  template <class Policy, class T>
+  static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
+                             const conv_geometry& g) {
+    const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
+    for (index_t n = 0; n < batch; ++n) {
+      const T* columns = x + n * g.in_size();
+      if (!g.pointwise()) {
+        T* c = col + n * g.col_size();
+        Policy::im2col(columns, c, g);
+        columns = c;
+      }
+      for (index_t grp = 0; grp < g.groups; ++grp)
+        Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
+                     columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane,
+                     plane);
+    }
+    if (bias) Policy::add_channel_bias(y, bias, batch, g.out_channels, plane);
+  }
+
+  // Given dL/dy: dweight (+)= sum over samples of dy_n col_n^T, dbias (+)= channel sums of dy (accumulate adds;
+  // otherwise they are overwritten), and dx = col2im(weight^T dy_n) (overwritten; skipped when null). col must hold
+  // the forward's column matrices; it is overwritten with the column gradients.
+  template <class Policy, class T>
+  static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
+                              index_t batch, const conv_geometry& g, bool accumulate) {
+    const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
+    if (dbias) Policy::sum_channels(dy, dbias, batch, g.out_channels, plane, accumulate);
+    for (index_t n = 0; n < batch; ++n) {
+      const T* columns = g.pointwise() ? x + n * g.in_size() : col + n * g.col_size();
+      const T* dyn = dy + n * g.out_size();
+      if (dweight) {
+        const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
+        for (index_t grp = 0; grp < g.groups; ++grp)
+          Policy::gemm(false, true, out_per_group, k, plane, T(1), dyn + grp * out_per_group * plane, plane,
+                       columns + grp * k * plane, plane, beta, dweight + grp * out_per_group * k, k);
+      }
+      if (!dx) continue;
+      T* dcol = g.pointwise() ? dx + n * g.in_size() : col + n * g.col_size();
+      for (index_t grp = 0; grp < g.groups; ++grp)
+        Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
+                     dyn + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane, plane);
+      if (!g.pointwise()) Policy::col2im(dcol, dx + n * g.in_size(), g);
     }
   }
 

@@ -49,6 +49,11 @@ struct normalization_kernels {
       normalize_channel(x, gamma, beta, y, c, m, invstd, batch, channels, spatial);
     }
   }
+  // num_batches_tracked += 1 (a single value kept with the running statistics, in the policy's memory).
+  template <class T>
+  static void batch_norm_count_batch(T* num_batches_tracked) {
+    *num_batches_tracked += T(1);
+  }
   // Evaluation: the running statistics normalise; they are also saved as (mean, invstd) for the backward.
   template <class T>
   static void batch_norm_forward_eval(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
