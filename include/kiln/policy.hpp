@@ -2,6 +2,9 @@
 // a policy type, so adding a backend means adding a policy and its kernels, nothing else.
 #pragma once
 
+#include <algorithm>
+
+#include "kiln/core/memory.hpp"
 #include "kiln/kernels/cpu/cnn.hpp"
 #include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
@@ -26,6 +29,22 @@ struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::recurrent_kernels,
              kernels::cpu::cnn_kernels {
   static constexpr const char* name = "cpu";
+
+  // The memory contract every policy provides: where its buffers live and how data crosses to and from the host.
+  // CPU memory is host memory, so staging is a plain copy and there is nothing to wait for. Callers test
+  // host_accessible to skip the copies (and the staging buffers) entirely on the CPU.
+  static constexpr bool host_accessible = true;
+  template <class T>
+  using buffer = aligned_buffer<T>;
+  template <class T>
+  static void upload(const T* host, T* dst, index_t n) {
+    if (n > 0 && host != dst) std::copy_n(host, n, dst);
+  }
+  template <class T>
+  static void download(const T* src, T* host, index_t n) {
+    if (n > 0 && src != host) std::copy_n(src, n, host);
+  }
+  static void synchronize() {}
 
   template <class T>
   static void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,
