@@ -28,3 +28,11 @@ using index_t = std::ptrdiff_t;
 #define KILN_NOINLINE
 #define KILN_VECTORIZE_MATH
 #endif
+
+// Marks the few scalar functions that CUDA kernels share with the CPU (activations, the Philox generator), so both
+// backends compute them from one definition. Expands to nothing outside nvcc.
+#if defined(__CUDACC__)
+#define KILN_HOST_DEVICE __host__ __device__
+#else
+#define KILN_HOST_DEVICE
+#endif

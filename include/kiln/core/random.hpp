@@ -11,19 +11,30 @@
 
 namespace kiln {
 
-// One Philox-4x32-10 block: 128 bits of counter and 64 bits of key in, 128 random bits out.
-KILN_ALWAYS_INLINE std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter,
-                                                           std::array<std::uint32_t, 2> key) {
+// Ten Philox rounds on a counter held in four words, in place. Written on plain scalars so that GPU kernels
+// (KILN_HOST_DEVICE) run the very same code as the CPU generator.
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE void philox4x32_rounds(std::uint32_t& c0, std::uint32_t& c1, std::uint32_t& c2,
+                                                           std::uint32_t& c3, std::uint32_t k0, std::uint32_t k1) {
   constexpr std::uint32_t mul0 = 0xD2511F53u, mul1 = 0xCD9E8D57u;
   constexpr std::uint32_t weyl0 = 0x9E3779B9u, weyl1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
-    std::uint64_t p0 = std::uint64_t{mul0} * counter[0];
-    std::uint64_t p1 = std::uint64_t{mul1} * counter[2];
-    counter = {static_cast<std::uint32_t>(p1 >> 32) ^ counter[1] ^ key[0], static_cast<std::uint32_t>(p1),
-               static_cast<std::uint32_t>(p0 >> 32) ^ counter[3] ^ key[1], static_cast<std::uint32_t>(p0)};
-    key[0] += weyl0;
-    key[1] += weyl1;
+    const std::uint64_t p0 = std::uint64_t{mul0} * c0;
+    const std::uint64_t p1 = std::uint64_t{mul1} * c2;
+    const std::uint32_t n0 = static_cast<std::uint32_t>(p1 >> 32) ^ c1 ^ k0, n1 = static_cast<std::uint32_t>(p1),
+                        n2 = static_cast<std::uint32_t>(p0 >> 32) ^ c3 ^ k1, n3 = static_cast<std::uint32_t>(p0);
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+    k0 += weyl0;
+    k1 += weyl1;
   }
+}
+
+// One Philox-4x32-10 block: 128 bits of counter and 64 bits of key in, 128 random bits out.
+KILN_ALWAYS_INLINE std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter,
+                                                           std::array<std::uint32_t, 2> key) {
+  philox4x32_rounds(counter[0], counter[1], counter[2], counter[3], key[0], key[1]);
   return counter;
 }
 
@@ -112,6 +123,41 @@ class random_generator {
   std::uint64_t cached_block_ = 0;
   bool cache_valid_ = false;
 };
+
+// Where a generator stands: all a GPU kernel needs to draw the numbers that next_u32() would return next.
+struct random_stream_position {
+  std::uint64_t seed = 0, stream = 0, position = 0;
+};
+
+// Number position + offset of the stream, i.e. what the (offset + 1)-th call of next_u32() returns: element i of a
+// GPU kernel draws random_draw(start, i), so CPU and GPU masks agree bit for bit whatever the launch shape.
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE std::uint32_t random_draw(const random_stream_position& start,
+                                                              std::uint64_t offset) {
+  const std::uint64_t at = start.position + offset;
+  const std::uint64_t block = at >> 2;
+  std::uint32_t c0 = static_cast<std::uint32_t>(block), c1 = static_cast<std::uint32_t>(block >> 32),
+                c2 = static_cast<std::uint32_t>(start.stream), c3 = static_cast<std::uint32_t>(start.stream >> 32);
+  philox4x32_rounds(c0, c1, c2, c3, static_cast<std::uint32_t>(start.seed),
+                    static_cast<std::uint32_t>(start.seed >> 32));
+  switch (at & 3) {
+    case 0: return c0;
+    case 1: return c1;
+    case 2: return c2;
+    default: return c3;
+  }
+}
+
+// The position of a generator, for a kernel that draws in its place.
+inline random_stream_position random_stream_position_of(const random_generator& g) {
+  return {g.state().seed, g.state().stream, g.state().position};
+}
+// Moves a generator past `draws` numbers, as if next_u32() had been called that many times (after a GPU kernel drew
+// them), so the host and the device stay on one stream.
+inline void advance(random_generator& g, std::uint64_t draws) {
+  auto s = g.state();
+  s.position += draws;
+  g.set_state(s);
+}
 
 // The global seed behind dynamic-mode initialisation, like torch.manual_seed. Every module that owns parameters takes
 // the next stream of this seed when it is constructed; a static Sequential built with the same seed gives its k-th

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -110,6 +111,26 @@ inline random_generator::state_type parse_generator(const std::string& text, con
   return {parse_unsigned(parts[0], key, source), parse_unsigned(parts[1], key, source),
           parse_unsigned(parts[2], key, source)};
 }
+// Adds an optimizer state buffer to the file: viewed in place when the policy's memory is host memory, otherwise
+// downloaded first.
+template <class Policy, class Buffer>
+void add_state_buffer(st_file& file, std::string name, const Buffer& buffer) {
+  using T = std::remove_cvref_t<decltype(*buffer.data())>;
+  if constexpr (Policy::host_accessible) {
+    file.add(std::move(name), tensor_view<const T>(buffer.data(), shape{buffer.size()}));
+  } else {
+    Tensor<T> host(shape{buffer.size()});
+    if (buffer.size() > 0) Policy::download(buffer.data(), host.data(), buffer.size());
+    file.add(std::move(name), host.view());
+  }
+}
+// A state buffer of the policy holding a tensor read from the file.
+template <class Policy, class T>
+typename Policy::template buffer<T> to_state_buffer(const Tensor<T>& t) {
+  typename Policy::template buffer<T> buffer(t.numel());
+  if (t.numel() > 0) Policy::upload(t.data(), buffer.data(), t.numel());
+  return buffer;
+}
 inline std::string slot_name(std::size_t slot, const char* what) {
   std::string n = "optimizer.";
   n += std::to_string(slot);
@@ -143,20 +164,23 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
     sizes += std::to_string(s.size);
   }
   file.set_meta("optimizer.slot_sizes", sizes);
+  using P = typename O::policy;
   if constexpr (detail::adam_like<O>) {
     auto& st = optimizer.state();
     Tensor<std::int64_t> steps(shape{static_cast<index_t>(st.size())});
     for (std::size_t i = 0; i < st.size(); ++i) {
       steps[static_cast<index_t>(i)] = st[i].step;
-      if (st[i].exp_avg.numel()) file.add(detail::slot_name(i, "exp_avg"), st[i].exp_avg.view());
-      if (st[i].exp_avg_sq.numel()) file.add(detail::slot_name(i, "exp_avg_sq"), st[i].exp_avg_sq.view());
-      if (st[i].exp_avg_sq_max.numel()) file.add(detail::slot_name(i, "max_exp_avg_sq"), st[i].exp_avg_sq_max.view());
+      if (st[i].exp_avg.size()) detail::add_state_buffer<P>(file, detail::slot_name(i, "exp_avg"), st[i].exp_avg);
+      if (st[i].exp_avg_sq.size())
+        detail::add_state_buffer<P>(file, detail::slot_name(i, "exp_avg_sq"), st[i].exp_avg_sq);
+      if (st[i].exp_avg_sq_max.size())
+        detail::add_state_buffer<P>(file, detail::slot_name(i, "max_exp_avg_sq"), st[i].exp_avg_sq_max);
     }
     file.add("optimizer.step", steps.view());
   } else {
     auto& buffers = optimizer.momentum_buffers();
     for (std::size_t i = 0; i < buffers.size(); ++i)
-      if (buffers[i].numel()) file.add(detail::slot_name(i, "momentum_buffer"), buffers[i].view());
+      if (buffers[i].size()) detail::add_state_buffer<P>(file, detail::slot_name(i, "momentum_buffer"), buffers[i]);
   }
   if constexpr (detail::has_generator<M>)
     file.set_meta("rng.model", detail::generator_text(const_cast<M&>(model).generator().state()));
@@ -220,9 +244,10 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
     if (ec != std::errc() || end != text.data() + text.size())
       fail("checkpoint '", source, "': expected a number for metadata 'optimizer.lr', found '", text, "'");
   }
-  using adam_state = typename std::conditional_t<detail::adam_like<O>, O, optim::Adam>::slot_state;
+  using P = typename O::policy;
+  using adam_state = typename std::conditional_t<detail::adam_like<O>, O, optim::basic_adam<T, P>>::slot_state;
   std::vector<adam_state> adam(slots.size());
-  std::vector<Tensor<T>> momentum(slots.size());
+  std::vector<typename P::template buffer<T>> momentum(slots.size());
   if constexpr (detail::adam_like<O>) {
     const st_tensor* steps = file.find("optimizer.step");
     if (!steps || steps->dtype != st_dtype::i64 || steps->shape.numel() != static_cast<index_t>(slots.size()))
@@ -230,17 +255,17 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
     auto step_values = to_tensor<std::int64_t>(*steps, source);
     for (std::size_t i = 0; i < slots.size(); ++i) {
       adam[i].step = step_values[static_cast<index_t>(i)];
-      if (auto t = slot_tensor(i, "exp_avg")) adam[i].exp_avg = std::move(*t);
-      if (auto t = slot_tensor(i, "exp_avg_sq")) adam[i].exp_avg_sq = std::move(*t);
-      if (auto t = slot_tensor(i, "max_exp_avg_sq")) adam[i].exp_avg_sq_max = std::move(*t);
-      if (adam[i].step > 0 && (adam[i].exp_avg.numel() != slots[i].size || adam[i].exp_avg_sq.numel() != slots[i].size))
+      if (auto t = slot_tensor(i, "exp_avg")) adam[i].exp_avg = detail::to_state_buffer<P>(*t);
+      if (auto t = slot_tensor(i, "exp_avg_sq")) adam[i].exp_avg_sq = detail::to_state_buffer<P>(*t);
+      if (auto t = slot_tensor(i, "max_exp_avg_sq")) adam[i].exp_avg_sq_max = detail::to_state_buffer<P>(*t);
+      if (adam[i].step > 0 && (adam[i].exp_avg.size() != slots[i].size || adam[i].exp_avg_sq.size() != slots[i].size))
         fail("checkpoint '", source, "': slot ", i, " has taken ", adam[i].step, " steps but its moments are missing");
-      if (adam[i].step > 0 && optimizer.options().amsgrad && adam[i].exp_avg_sq_max.numel() != slots[i].size)
+      if (adam[i].step > 0 && optimizer.options().amsgrad && adam[i].exp_avg_sq_max.size() != slots[i].size)
         fail("checkpoint '", source, "': the optimizer uses amsgrad but slot ", i, " has no max_exp_avg_sq");
     }
   } else {
     for (std::size_t i = 0; i < slots.size(); ++i)
-      if (auto t = slot_tensor(i, "momentum_buffer")) momentum[i] = std::move(*t);
+      if (auto t = slot_tensor(i, "momentum_buffer")) momentum[i] = detail::to_state_buffer<P>(*t);
   }
 
   checkpoint_state state;

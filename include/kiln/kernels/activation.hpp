@@ -1,6 +1,6 @@
 // Element-wise activation functions and their derivatives, as scalar inline functions. Every kernel that applies an
 // activation (the element-wise kernels, the GEMM epilogue, later the GPU kernels) calls these, so fused and unfused
-// paths compute bit-identical values.
+// paths compute bit-identical values. They are KILN_HOST_DEVICE, so the CUDA kernels apply the very same formulas.
 #pragma once
 
 #include <cmath>
@@ -31,13 +31,13 @@ constexpr bool activation_grad_needs_input(activation a) { return a == activatio
 namespace kernels {
 
 template <class T>
-KILN_ALWAYS_INLINE T sigmoid_value(T x) {
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE T sigmoid_value(T x) {
   return T(1) / (T(1) + std::exp(-x));
 }
 
 // y = f(x). slope is LeakyReLU's negative slope and is ignored by the others.
 template <class T>
-KILN_ALWAYS_INLINE T activate(activation a, T x, T slope) {
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE T activate(activation a, T x, T slope) {
   switch (a) {
     case activation::identity: return x;
     case activation::relu: return x > T(0) ? x : T(0);
@@ -51,7 +51,7 @@ KILN_ALWAYS_INLINE T activate(activation a, T x, T slope) {
 
 // dL/dx = dL/dy * f'(x), with f' written in terms of the output y where it can be (x is then unused).
 template <class T>
-KILN_ALWAYS_INLINE T activate_backward(activation a, T x, T y, T dy, T slope) {
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE T activate_backward(activation a, T x, T y, T dy, T slope) {
   switch (a) {
     case activation::identity: return dy;
     case activation::relu: return y > T(0) ? dy : T(0);

@@ -1,4 +1,6 @@
 // Loss functions shared by both modes: each pairs a target type with a kernel that gives the loss and dL/doutput.
+// forward_backward returns the loss on the host (a GPU policy waits for it); forward_backward_into leaves it in the
+// policy's memory and never waits, for a training step captured into a CUDA graph.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,12 @@ struct mse {
   T forward_backward(const T* output, const T* target, T* doutput, index_t batch, index_t row_size) const {
     return Policy::mse(output, target, batch * row_size, reduce, doutput);
   }
+  template <class Policy, class T>
+  void forward_backward_into(const T* output, const T* target, T* doutput, index_t batch, index_t row_size,
+                             T* loss) const {
+    if constexpr (Policy::host_accessible) *loss = Policy::mse(output, target, batch * row_size, reduce, doutput);
+    else Policy::mse_on_device(output, target, batch * row_size, reduce, doutput, loss);
+  }
 };
 
 // Cross-entropy from logits (batch x classes) against integer class labels, through a fused, stable log-softmax.
@@ -32,6 +40,14 @@ struct cross_entropy {
   T forward_backward(const T* output, const std::int64_t* labels, T* doutput, index_t batch, index_t classes) const {
     return Policy::softmax_cross_entropy(output, labels, batch, classes, reduce, doutput);
   }
+  template <class Policy, class T>
+  void forward_backward_into(const T* output, const std::int64_t* labels, T* doutput, index_t batch, index_t classes,
+                             T* loss) const {
+    if constexpr (Policy::host_accessible)
+      *loss = Policy::softmax_cross_entropy(output, labels, batch, classes, reduce, doutput);
+    else
+      Policy::softmax_cross_entropy_on_device(output, labels, batch, classes, reduce, doutput, loss);
+  }
 };
 
 // Binary cross-entropy from logits against targets in [0, 1], computed stably.
@@ -44,6 +60,14 @@ struct bce_with_logits {
   template <class Policy, class T>
   T forward_backward(const T* output, const T* target, T* doutput, index_t batch, index_t row_size) const {
     return Policy::bce_with_logits(output, target, batch * row_size, reduce, doutput);
+  }
+  template <class Policy, class T>
+  void forward_backward_into(const T* output, const T* target, T* doutput, index_t batch, index_t row_size,
+                             T* loss) const {
+    if constexpr (Policy::host_accessible)
+      *loss = Policy::bce_with_logits(output, target, batch * row_size, reduce, doutput);
+    else
+      Policy::bce_with_logits_on_device(output, target, batch * row_size, reduce, doutput, loss);
   }
 };
 

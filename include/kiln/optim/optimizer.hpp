@@ -17,11 +17,15 @@ struct regularization {
   double l2 = 0.0;
 };
 
-// Holds the slots; derived classes implement update(slot index, step). Policy picks the update kernels.
+// Holds the slots; derived classes implement update(slot index, step). Policy picks the update kernels, and its
+// memory holds the parameters and the optimizer's state (device memory for the GPU policies).
 template <class T, class Policy>
 class optimizer_base {
  public:
   using value_type = T;
+  using policy = Policy;
+  // Per-slot state (moments, momentum) lives in the policy's buffers.
+  using state_buffer = typename Policy::template buffer<T>;
 
   // Adds parameters: a range of slots (static mode) or of variables (dynamic mode).
   template <class Range>
@@ -65,6 +69,13 @@ class optimizer_base {
         Policy::regularize_gradient(s.value, s.grad, s.size, T(regularization_.l1), T(regularization_.l2));
       body(s, i);
     }
+  }
+
+  // A zero-filled state buffer of n values.
+  static state_buffer zeroed_buffer(index_t n) {
+    state_buffer b(n);
+    if (n > 0) Policy::fill(b.data(), T(0), n);
+    return b;
   }
 
   std::vector<parameter_slot<T>> slots_;

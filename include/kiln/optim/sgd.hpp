@@ -35,14 +35,15 @@ class basic_sgd : public optimizer_base<T, Policy> {
     bool first = this->steps_ == 0;
     if (first) momentum_.resize(this->slots_.size());
     this->for_each_trainable([&](parameter_slot<T>& s, std::size_t i) {
-      if (options_.momentum != 0 && momentum_[i].numel() != s.size) momentum_[i] = Tensor<T>(shape{s.size});
+      if (options_.momentum != 0 && momentum_[i].size() != s.size) momentum_[i] = this->zeroed_buffer(s.size);
       kernels::cpu::sgd_step_args<T> args{T(this->lr_),           T(options_.momentum), T(options_.dampening),
                                           T(options_.weight_decay), options_.nesterov,    first};
       Policy::sgd_update(s.value, s.grad, momentum_[i].data(), s.size, args);
     });
   }
   const sgd_options& options() const { return options_; }
-  std::vector<Tensor<T>>& momentum_buffers() { return momentum_; }
+  // One momentum buffer per slot (empty until the first step), in the policy's memory.
+  std::vector<typename base::state_buffer>& momentum_buffers() { return momentum_; }
 
  private:
   void validate() const {
@@ -52,7 +53,7 @@ class basic_sgd : public optimizer_base<T, Policy> {
            " and dampening ", options_.dampening);
   }
   sgd_options options_;
-  std::vector<Tensor<T>> momentum_;
+  std::vector<typename base::state_buffer> momentum_;
 };
 
 using SGD = basic_sgd<float>;

@@ -1,8 +1,14 @@
 // kiln::Sequential<Policy, Input<...>, Layers...>: a model whose layers are types. Shapes are inferred and checked by
 // the compiler, all memory (parameters, gradients, activations, scratch) is planned and allocated once at
 // construction for a maximum batch, parameters live in one flat buffer, and a training step allocates nothing.
+//
+// Memory lives where the policy keeps it (Policy::buffer): host memory for the CPU policies, device memory for the
+// CUDA ones. Initial weights are drawn on the host and uploaded; state_dict and predict return host tensors. Batches
+// passed as plain views are host data: on a device policy they are uploaded into staging buffers planned at
+// construction. A batch already in the policy's memory is passed with kiln::resident and read in place.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <map>
@@ -23,6 +29,7 @@
 #include "kiln/policy.hpp"
 #include "kiln/static/input.hpp"
 #include "kiln/static/options.hpp"
+#include "kiln/static/resident.hpp"
 #include "kiln/static/shape_check.hpp"
 
 namespace kiln {
@@ -55,6 +62,9 @@ constexpr index_t buffer_count_of() {
 }
 template <class L>
 concept has_fused_activation = requires { L::fused_activation; };
+// An optimizer that names its policy must name the model's (its kernels read the model's memory).
+template <class O, class P>
+concept optimizer_for_policy = !requires { typename O::policy; } || std::is_same_v<typename O::policy, P>;
 }  // namespace detail
 
 template <class Policy, class InputSpec, class... Layers>
@@ -69,8 +79,12 @@ class Sequential {
   using binding = bind_layers<InputSpec, input_shape, Layers...>;
   using output_shape = typename binding::output;
   static constexpr std::size_t layer_count = sizeof...(Layers);
+  // Whether the model's memory (parameters, workspace, forward's result) can be read on the host.
+  static constexpr bool host_accessible = Policy::host_accessible;
 
  private:
+  template <class U>
+  using policy_buffer = typename Policy::template buffer<U>;
   using bound_tuple = typename detail::list_to_tuple<typename binding::type>::type;
   template <std::size_t I>
   using bound = std::tuple_element_t<I, bound_tuple>;
@@ -112,25 +126,44 @@ class Sequential {
   explicit Sequential(index_t max_batch, std::uint64_t seed = 0, static_options options = {})
       : max_batch_(max_batch), options_(options), rng_(seed, std::uint64_t{1} << 62) {
     if (max_batch <= 0) fail("Sequential: expected a positive maximum batch, found ", max_batch);
-    params_ = Tensor<T>(shape{flat_parameter_size});
-    grads_ = Tensor<T>(shape{flat_parameter_size});
-    buffers_ = Tensor<T>(shape{flat_buffer_size});
+    params_ = policy_buffer<T>(flat_parameter_size);
+    grads_ = policy_buffer<T>(flat_parameter_size);
+    buffers_ = policy_buffer<T>(flat_buffer_size);
+    // The optimizer updates the whole flat buffer, alignment padding included: its gradient must stay zero.
+    if (flat_parameter_size > 0) Policy::fill(grads_.data(), T(0), flat_parameter_size);
+    if (flat_buffer_size > 0) Policy::fill(buffers_.data(), T(0), flat_buffer_size);
     plan_workspace(std::make_index_sequence<layer_count>{});
+    plan_staging();
     initialize(seed);
   }
 
-  // Re-draws every parameter as a freshly constructed model with this seed would.
+  // Re-draws every parameter as a freshly constructed model with this seed would. The draws happen on the host (one
+  // generator for every policy, so CPU and GPU models start from the same numbers) and are uploaded.
   void initialize(std::uint64_t seed) {
-    params_.fill(T(0));
+    aligned_buffer<T> host_params, host_buffers;
+    T* params = params_.data();
+    T* buffers = buffers_.data();
+    if constexpr (!host_accessible) {
+      host_params = aligned_buffer<T>(flat_parameter_size);
+      host_buffers = aligned_buffer<T>(flat_buffer_size);
+      params = host_params.data();
+      buffers = host_buffers.data();
+      std::fill_n(buffers, flat_buffer_size, T(0));
+    }
+    std::fill_n(params, flat_parameter_size, T(0));
     random_generator root(seed);
     std::uint64_t stream = 0;
     for_each_layer([&]<std::size_t I>() {
       if constexpr (bound<I>::param_count > 0) {
         random_generator rng = root.fork(stream++);
-        bound<I>::init(params_.data() + param_offsets[I], rng);
+        bound<I>::init(params + param_offsets[I], rng);
       }
-      if constexpr (detail::has_buffers<bound<I>>) bound<I>::init_buffers(buffers_.data() + buffer_offsets[I]);
+      if constexpr (detail::has_buffers<bound<I>>) bound<I>::init_buffers(buffers + buffer_offsets[I]);
     });
+    if constexpr (!host_accessible) {
+      upload(host_params.data(), params_.data(), flat_parameter_size);
+      upload(host_buffers.data(), buffers_.data(), flat_buffer_size);
+    }
     rng_ = random_generator(seed, std::uint64_t{1} << 62);
   }
 
@@ -142,45 +175,70 @@ class Sequential {
   void eval() { training_ = false; }
   bool is_training() const { return training_; }
 
-  // Runs the layers on a batch and returns a view of the output inside the workspace (valid until the next call).
+  // Runs the layers on a batch of host data and returns a view of the output inside the workspace (valid until the
+  // next call; in the policy's memory, see last_output_on_host).
   tensor_view<const T> forward(tensor_view<const T> x) {
     index_t batch = check_input(x, "Sequential::forward");
-    layer_context ctx{batch, training_, &rng_};
-    run_forward(x.data(), ctx);
-    return {output_pointer(), output_shape::batch_shape(batch)};
+    return forward_batch(stage_input(x, batch), batch);
+  }
+  // The same on a batch already in the policy's memory.
+  tensor_view<const T> forward(resident_t, tensor_view<const T> x) {
+    return forward_batch(x.data(), check_input(x, "Sequential::forward"));
   }
 
-  // The output of the last forward pass (train_step included), still in the workspace.
+  // The output of the last forward pass (train_step included), still in the workspace, in the policy's memory.
   tensor_view<const T> last_output() const { return {output_, output_shape::batch_shape(last_batch_)}; }
-
-  // Forward in evaluation mode for any number of samples (processed in chunks of max_batch), into a new tensor.
-  Tensor<T> predict(tensor_view<const T> x) {
-    if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
-      fail("Sequential::predict: expected input of shape [*, ", input_shape::str(), " = ", input_shape::size,
-           " values per sample], found ", x.shape());
-    index_t samples = x.extent(0);
-    Tensor<T> out(output_shape::batch_shape(samples));
-    bool was_training = training_;
-    training_ = false;
-    for (index_t first = 0; first < samples; first += max_batch_) {
-      index_t count = std::min(max_batch_, samples - first);
-      layer_context ctx{count, false, &rng_};
-      run_forward(x.data() + first * input_shape::size, ctx);
-      Policy::copy(output_pointer(), out.data() + first * output_shape::size, count * output_shape::size);
+  // The same, readable on the host: the workspace itself on CPU policies, otherwise a host copy (valid until the
+  // next call) downloaded into a buffer planned at construction.
+  tensor_view<const T> last_output_on_host() {
+    if constexpr (host_accessible) {
+      return last_output();
+    } else {
+      download(output_, output_host_.data(), last_batch_ * output_shape::size);
+      return {output_host_.data(), output_shape::batch_shape(last_batch_)};
     }
-    training_ = was_training;
-    return out;
   }
+
+  // Forward in evaluation mode for any number of host samples (processed in chunks of max_batch), into a new host
+  // tensor.
+  Tensor<T> predict(tensor_view<const T> x) { return predict_chunks(x, false); }
+  // The same for samples already in the policy's memory; the result is still a host tensor.
+  Tensor<T> predict(resident_t, tensor_view<const T> x) { return predict_chunks(x, true); }
 
   // One training step: forward, loss and its gradient, backward, optimizer update. Returns the loss.
-  // target holds integer labels for cross-entropy and values of the output's shape for the other losses.
+  // target holds integer labels for cross-entropy and values of the output's shape for the other losses. x and
+  // target are host data; the optimizer must use the model's policy.
   template <class Loss, class Optimizer>
   T train_step(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
                const Loss& loss, Optimizer& optimizer) {
     T value = forward_backward(x, target, loss);
-    if (!optimizer.has_parameters()) optimizer.add_parameters(parameters());
-    optimizer.step();
+    update(optimizer);
     return value;
+  }
+  // The same on a batch already in the policy's memory.
+  template <class Loss, class Optimizer>
+  T train_step(resident_t, tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+               const Loss& loss, Optimizer& optimizer) {
+    T value = forward_backward(resident, x, target, loss);
+    update(optimizer);
+    return value;
+  }
+  // A training step on a resident batch that never waits for the device: the loss is written to *loss_out in the
+  // policy's memory instead of being returned. On a GPU policy nothing in it synchronises, so the whole step can be
+  // captured into a CUDA graph (with an optimizer that keeps its step count on the device, such as Adam with
+  // .capturable = true). No input checks beyond shapes: a bad label is not reported (see the *_on_device losses).
+  template <class Loss, class Optimizer>
+  void enqueue_train_step(resident_t, tensor_view<const T> x,
+                          tensor_view<const typename Loss::template target_type<T>> target, const Loss& loss,
+                          Optimizer& optimizer, T* loss_out) {
+    index_t batch = check_input(x, "Sequential::enqueue_train_step");
+    check_target<Loss>(target, batch);
+    layer_context ctx{batch, true, &rng_};
+    run_forward(x.data(), ctx);
+    loss.template forward_backward_into<Policy>(output_pointer(), target.data(), output_grad_, batch,
+                                                output_shape::size, loss_out);
+    run_backward(ctx);
+    update(optimizer);
   }
 
   // Forward, loss and backward without an update: the gradients are left in gradient_values().
@@ -189,12 +247,14 @@ class Sequential {
                      const Loss& loss) {
     index_t batch = check_input(x, "Sequential::train_step");
     check_target<Loss>(target, batch);
-    layer_context ctx{batch, true, &rng_};
-    run_forward(x.data(), ctx);
-    T value = loss.template forward_backward<Policy>(output_pointer(), target.data(), output_grad_, batch,
-                                                     output_shape::size);
-    run_backward(ctx);
-    return value;
+    return forward_backward_batch(stage_input(x, batch), stage_target(target), batch, loss);
+  }
+  template <class Loss>
+  T forward_backward(resident_t, tensor_view<const T> x,
+                     tensor_view<const typename Loss::template target_type<T>> target, const Loss& loss) {
+    index_t batch = check_input(x, "Sequential::train_step");
+    check_target<Loss>(target, batch);
+    return forward_backward_batch(x.data(), target.data(), batch, loss);
   }
 
   // The loss on a batch in evaluation mode, without gradients.
@@ -203,16 +263,21 @@ class Sequential {
                const Loss& loss) {
     index_t batch = check_input(x, "Sequential::loss_value");
     check_target<Loss>(target, batch);
-    layer_context ctx{batch, false, &rng_};
-    run_forward(x.data(), ctx);
-    return loss.template forward_backward<Policy>(output_pointer(), target.data(), static_cast<T*>(nullptr), batch,
-                                                  output_shape::size);
+    return loss_value_batch(stage_input(x, batch), stage_target(target), batch, loss);
+  }
+  template <class Loss>
+  T loss_value(resident_t, tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+               const Loss& loss) {
+    index_t batch = check_input(x, "Sequential::loss_value");
+    check_target<Loss>(target, batch);
+    return loss_value_batch(x.data(), target.data(), batch, loss);
   }
 
   // What the optimizer updates: one slot for the whole flat buffer, or one per parameter tensor when
   // options().flat_parameters is off.
   // Once a layer has been frozen, the slots are per layer (flat) or per tensor, each with its layer's trainable
   // flag, so that freeze/unfreeze later still steer an optimizer that holds them.
+  // The slots point into the policy's memory: an optimizer of the same policy updates them.
   std::vector<optim::parameter_slot<T>> parameters() {
     if (options_.flat_parameters && !any_frozen_) return {{params_.data(), grads_.data(), flat_parameter_size, nullptr}};
     std::vector<optim::parameter_slot<T>> slots;
@@ -294,12 +359,23 @@ class Sequential {
     return out;
   }
 
-  // Copies of the parameters and buffers by name, PyTorch's state_dict layout (a layer's parameters, then its
+  // Host copies of the parameters and buffers by name, PyTorch's state_dict layout (a layer's parameters, then its
   // buffers, layer by layer).
   std::vector<std::pair<std::string, Tensor<T>>> state_dict() const {
+    const T* params = params_.data();
+    const T* buffers = buffers_.data();
+    aligned_buffer<T> host_params, host_buffers;
+    if constexpr (!host_accessible) {
+      host_params = aligned_buffer<T>(flat_parameter_size);
+      host_buffers = aligned_buffer<T>(flat_buffer_size);
+      download(params_.data(), host_params.data(), flat_parameter_size);
+      download(buffers_.data(), host_buffers.data(), flat_buffer_size);
+      params = host_params.data();
+      buffers = host_buffers.data();
+    }
     std::vector<std::pair<std::string, Tensor<T>>> out;
     for (auto& [p, is_buffer] : state_infos()) {
-      const T* base = is_buffer ? buffers_.data() : params_.data();
+      const T* base = is_buffer ? buffers : params;
       out.emplace_back(p.name, Tensor<T>(tensor_view<const T>(base + p.offset, p.shape)));
     }
     return out;
@@ -329,18 +405,20 @@ class Sequential {
     }
     for (std::size_t i = 0; i < infos.size(); ++i) {
       T* base = states[i].second ? buffers_.data() : params_.data();
-      Policy::copy(sources[i]->data(), base + infos[i].offset, infos[i].shape.numel());
+      if constexpr (host_accessible) Policy::copy(sources[i]->data(), base + infos[i].offset, infos[i].shape.numel());
+      else upload(sources[i]->data(), base + infos[i].offset, infos[i].shape.numel());
     }
   }
 
-  // The flat buffer of non-trainable state.
-  std::span<T> buffer_values() { return buffers_.span(); }
-  std::span<const T> buffer_values() const { return buffers_.span(); }
+  // The flat buffer of non-trainable state, in the policy's memory.
+  std::span<T> buffer_values() { return {buffers_.data(), static_cast<std::size_t>(buffers_.size())}; }
+  std::span<const T> buffer_values() const { return {buffers_.data(), static_cast<std::size_t>(buffers_.size())}; }
 
-  // The flat parameter and gradient buffers.
-  std::span<T> parameter_values() { return params_.span(); }
-  std::span<const T> parameter_values() const { return params_.span(); }
-  std::span<T> gradient_values() { return grads_.span(); }
+  // The flat parameter and gradient buffers, in the policy's memory (device pointers on a GPU policy: read them on
+  // the host through state_dict, or download them).
+  std::span<T> parameter_values() { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
+  std::span<const T> parameter_values() const { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
+  std::span<T> gradient_values() { return {grads_.data(), static_cast<std::size_t>(grads_.size())}; }
 
   // Number of parameters (without alignment padding).
   static constexpr index_t parameter_count() {
@@ -360,6 +438,11 @@ class Sequential {
   }
   // Bytes of activations, gradients and scratch planned at construction.
   index_t workspace_bytes() const { return static_cast<index_t>(workspace_.size() * sizeof(T)); }
+  // Bytes of the input and target staging buffers (device policies only; zero on the CPU).
+  index_t staging_bytes() const {
+    return static_cast<index_t>(input_stage_.size() * sizeof(T) + target_stage_.size() * sizeof(T) +
+                                label_stage_.size() * sizeof(std::int64_t));
+  }
 
  private:
   // Parameters and buffers in state_dict order: layer by layer, parameters before buffers; second: is a buffer.
@@ -392,7 +475,7 @@ class Sequential {
     index_t scratch[] = {detail::align_up(bound<I>::scratch_per_sample * max_batch_, 16)...};
     index_t total = 0;
     for (std::size_t i = 0; i < layer_count; ++i) total += 2 * sizes[i] + scratch[i];
-    workspace_ = aligned_buffer<T>(total);
+    workspace_ = policy_buffer<T>(total);
     T* next = workspace_.data();
     for (std::size_t i = 0; i < layer_count; ++i) {
       activations_[i] = sizes[i] ? next : nullptr;
@@ -410,6 +493,101 @@ class Sequential {
       if (!aliases[i]) current = gradients_[i];
     }
     output_grad_ = current;
+  }
+
+  // Device policies read host batches from staging buffers of max_batch samples: inputs, real-valued targets and
+  // integer labels (which one a loss needs is known only at train_step, and each is small), plus a host copy of the
+  // output for metrics. CPU policies read host data in place and plan none of them.
+  void plan_staging() {
+    if constexpr (!host_accessible) {
+      input_stage_ = policy_buffer<T>(max_batch_ * input_shape::size);
+      target_stage_ = policy_buffer<T>(max_batch_ * output_shape::size);
+      label_stage_ = policy_buffer<std::int64_t>(max_batch_);
+      output_host_ = aligned_buffer<T>(max_batch_ * output_shape::size);
+    }
+  }
+  // Copies in the policy's memory, for the device policies (n may be zero).
+  template <class U>
+  static void upload(const U* host, U* dst, index_t n) {
+    if (n > 0) Policy::upload(host, dst, n);
+  }
+  template <class U>
+  static void download(const U* src, U* host, index_t n) {
+    if (n > 0) Policy::download(src, host, n);
+  }
+  // Where the layers read a host batch from: in place on the CPU, its staged copy on a device.
+  const T* stage_input(const tensor_view<const T>& x, index_t batch) {
+    if constexpr (host_accessible) {
+      return x.data();
+    } else {
+      upload(x.data(), input_stage_.data(), batch * input_shape::size);
+      return input_stage_.data();
+    }
+  }
+  template <class Target>
+  const Target* stage_target(const tensor_view<const Target>& target) {
+    if constexpr (host_accessible) {
+      return target.data();
+    } else if constexpr (std::is_integral_v<Target>) {
+      static_assert(std::is_same_v<Target, std::int64_t>, "kiln::Sequential: integer targets are int64 labels");
+      upload(target.data(), label_stage_.data(), target.numel());
+      return label_stage_.data();
+    } else {
+      upload(target.data(), target_stage_.data(), target.numel());
+      return target_stage_.data();
+    }
+  }
+
+  tensor_view<const T> forward_batch(const T* x, index_t batch) {
+    layer_context ctx{batch, training_, &rng_};
+    run_forward(x, ctx);
+    return {output_pointer(), output_shape::batch_shape(batch)};
+  }
+  template <class Loss, class Target>
+  T forward_backward_batch(const T* x, const Target* target, index_t batch, const Loss& loss) {
+    layer_context ctx{batch, true, &rng_};
+    run_forward(x, ctx);
+    T value = loss.template forward_backward<Policy>(output_pointer(), target, output_grad_, batch, output_shape::size);
+    run_backward(ctx);
+    return value;
+  }
+  template <class Loss, class Target>
+  T loss_value_batch(const T* x, const Target* target, index_t batch, const Loss& loss) {
+    layer_context ctx{batch, false, &rng_};
+    run_forward(x, ctx);
+    return loss.template forward_backward<Policy>(output_pointer(), target, static_cast<T*>(nullptr), batch,
+                                                  output_shape::size);
+  }
+  template <class Optimizer>
+  void update(Optimizer& optimizer) {
+    static_assert(detail::optimizer_for_policy<Optimizer, Policy>,
+                  "kiln::Sequential: the optimizer must use the model's policy (e.g. optim::basic_adam<float, "
+                  "policy::cuda> for a Sequential<policy::cuda, ...>)");
+    if (!optimizer.has_parameters()) optimizer.add_parameters(parameters());
+    optimizer.step();
+  }
+
+  // Evaluation-mode forward over any number of samples; resident: x is in the policy's memory.
+  Tensor<T> predict_chunks(const tensor_view<const T>& x, bool resident_input) {
+    if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
+      fail("Sequential::predict: expected input of shape [*, ", input_shape::str(), " = ", input_shape::size,
+           " values per sample], found ", x.shape());
+    index_t samples = x.extent(0);
+    Tensor<T> out(output_shape::batch_shape(samples));
+    bool was_training = training_;
+    training_ = false;
+    for (index_t first = 0; first < samples; first += max_batch_) {
+      index_t count = std::min(max_batch_, samples - first);
+      layer_context ctx{count, false, &rng_};
+      const T* chunk = x.data() + first * input_shape::size;
+      if (!resident_input) chunk = stage_input(tensor_view<const T>(chunk, input_shape::batch_shape(count)), count);
+      run_forward(chunk, ctx);
+      T* dst = out.data() + first * output_shape::size;
+      if constexpr (host_accessible) Policy::copy(output_pointer(), dst, count * output_shape::size);
+      else download(output_pointer(), dst, count * output_shape::size);
+    }
+    training_ = was_training;
+    return out;
   }
 
   void run_forward(const T* x, const layer_context& ctx) {
@@ -465,9 +643,13 @@ class Sequential {
   index_t max_batch_;
   static_options options_;
   bool training_ = true;
-  Tensor<T> params_, grads_, buffers_;
+  policy_buffer<T> params_, grads_, buffers_;
   random_generator rng_;
-  aligned_buffer<T> workspace_;
+  policy_buffer<T> workspace_;
+  // Staging for host batches on device policies (empty on the CPU): see plan_staging.
+  policy_buffer<T> input_stage_, target_stage_;
+  policy_buffer<std::int64_t> label_stage_;
+  aligned_buffer<T> output_host_;
   std::array<T*, layer_count> activations_{}, gradients_{}, scratch_{}, input_gradients_{};
   std::array<const T*, layer_count> inputs_{};
   std::array<T*, layer_count> outputs_{};

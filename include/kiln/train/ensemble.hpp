@@ -40,13 +40,13 @@ class ensemble {
   // A dynamic module, run in evaluation mode without gradients (its mode is restored afterwards).
   template <class M>
     requires std::derived_from<M, nn::Module>
-  ensemble& add(M& module) {
-    predictors_.push_back([&module](tensor_view<const float> x) {
+  ensemble& add(M& net) {
+    predictors_.push_back([&net](tensor_view<const float> x) {
       nn::no_grad guard;
-      bool was_training = module.is_training();
-      module.eval();
-      auto y = module(nn::Variable(x));
-      module.train(was_training);
+      bool was_training = net.is_training();
+      net.eval();
+      auto y = net(nn::Variable(x));
+      net.train(was_training);
       return Tensor<float>(tensor_view<const float>(y.value()));
     });
     return *this;

@@ -36,8 +36,8 @@ struct model_access<Sequential<Policy, InputSpec, Layers...>> {
     net.train();
     return value;
   }
-  // The output of the last train_batch or eval_batch.
-  static tensor_view<const float> last_output(const net_type& net) { return net.last_output(); }
+  // The output of the last train_batch or eval_batch, readable on the host (downloaded on a GPU policy).
+  static tensor_view<const float> last_output(net_type& net) { return net.last_output_on_host(); }
   static Tensor<float> predict(net_type& net, tensor_view<const float> x) { return net.predict(x); }
 
   static auto parameters(net_type& net) { return net.parameters(); }

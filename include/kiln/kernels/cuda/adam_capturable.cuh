@@ -1,0 +1,59 @@
+// Adam with its step count in device memory (adam_options::capturable): the bias corrections are derived on the
+// device from that count, so no argument of the launches changes from one step to the next, and a CUDA graph that
+// captured one update replays every later one correctly. The element-wise arithmetic is adam_update's
+// (kernels/cuda/optim.cuh); only where the per-step constants come from differs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kiln/core/config.hpp"
+#include "kiln/core/cuda/check.cuh"
+#include "kiln/core/cuda/stream.cuh"
+#include "kiln/kernels/cuda/launch.cuh"
+#include "kiln/kernels/cuda/optim.cuh"
+
+namespace kiln::kernels::cuda {
+
+namespace detail {
+
+// Advances a step count kept on the device (one thread).
+template <class Count>
+__global__ void advance_count_kernel(Count* count) {
+  *count += 1;
+}
+
+// adam_op with its constants computed from *step, by the formulas adam_update uses on the host (double-precision
+// powers rounded to T). Every thread derives them itself: two powers per thread cost less than another launch.
+template <class T>
+struct capturable_adam_op {
+  adam_op<T> op;
+  const long long* step;
+  template <int W>
+  __device__ void apply(index_t i) const {
+    const double s = static_cast<double>(*step);
+    const T bias_correction1 = T(1) - static_cast<T>(pow(static_cast<double>(op.a.beta1), s));
+    const T bias_correction2 = T(1) - static_cast<T>(pow(static_cast<double>(op.a.beta2), s));
+    adam_op<T> now = op;
+    now.c = {op.a.lr / bias_correction1, sqrt(bias_correction2), T(1) - op.a.lr * op.a.weight_decay};
+    now.template apply<W>(i);
+  }
+};
+
+}  // namespace detail
+
+// The capturable optimizer kernels of the CUDA policies.
+struct capturable_optim_kernels {
+  // As adam_update, except that a.step is ignored: *step (device memory, the steps taken so far) is advanced by one
+  // and the update uses the new count.
+  template <class T>
+  static void adam_update_capturable(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
+                                     const adam_step_args<T>& a, long long* step) {
+    detail::advance_count_kernel<<<1, 1, 0, kiln::cuda::current_stream()>>>(step);
+    KILN_CUDA_CHECK_LAUNCH();
+    const detail::adam_op<T> op{param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, a, {}};
+    detail::launch_map<T>(n, detail::capturable_adam_op<T>{op, step}, param, grad, exp_avg, exp_avg_sq,
+                          a.amsgrad ? exp_avg_sq_max : static_cast<T*>(nullptr));
+  }
+};
+
+}  // namespace kiln::kernels::cuda

@@ -1,0 +1,143 @@
+// Optimizer update kernels on the GPU with the CPU's formulas (kernels/cpu/optim.hpp, PyTorch's), over one flat span
+// of parameters: a static model's whole parameter buffer is one launch. The per-step constants (bias corrections,
+// decay) are computed once on the host exactly as the CPU computes them; each element then runs the CPU's arithmetic,
+// with 128-bit loads and stores when the buffers are aligned.
+#pragma once
+
+#include <cmath>
+
+#include "kiln/core/config.hpp"
+#include "kiln/kernels/cpu/optim.hpp"
+#include "kiln/kernels/cuda/launch.cuh"
+
+namespace kiln::kernels::cuda {
+
+using cpu::adam_step_args;
+using cpu::sgd_step_args;
+
+namespace detail {
+
+template <class T>
+struct sgd_op {
+  T* param;
+  const T* grad;
+  T* momentum_buffer;
+  sgd_step_args<T> a;
+  template <int W>
+  __device__ void apply(index_t i) const {
+    vec<T, W> p = load<W>(param + i);
+    const vec<T, W> gv = load<W>(grad + i);
+    vec<T, W> buf{};
+    const bool momentum = a.momentum != T(0);
+    if (momentum && !a.first_step) buf = load<W>(momentum_buffer + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      T g = gv.v[k];
+      if (a.weight_decay != T(0)) g += a.weight_decay * p.v[k];
+      if (momentum) {
+        const T b = a.first_step ? g : a.momentum * buf.v[k] + (T(1) - a.dampening) * g;
+        buf.v[k] = b;
+        g = a.nesterov ? g + a.momentum * b : b;
+      }
+      p.v[k] -= a.lr * g;
+    }
+    if (momentum) store<W>(momentum_buffer + i, buf);
+    store<W>(param + i, p);
+  }
+};
+
+// Adam's per-step constants, from the host.
+template <class T>
+struct adam_constants {
+  T step_size, bias_correction2_sqrt, decay;
+};
+
+template <class T>
+struct adam_op {
+  T *param;
+  const T* grad;
+  T *exp_avg, *exp_avg_sq, *exp_avg_sq_max;
+  adam_step_args<T> a;
+  adam_constants<T> c;
+  template <int W>
+  __device__ void apply(index_t i) const {
+    vec<T, W> p = load<W>(param + i), m = load<W>(exp_avg + i), v = load<W>(exp_avg_sq + i);
+    const vec<T, W> gv = load<W>(grad + i);
+    vec<T, W> vmax{};
+    if (a.amsgrad) vmax = load<W>(exp_avg_sq_max + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      T g = gv.v[k];
+      if (a.weight_decay != T(0)) {
+        if (a.decoupled_weight_decay)
+          p.v[k] *= c.decay;
+        else
+          g += a.weight_decay * p.v[k];
+      }
+      m.v[k] = m.v[k] + (g - m.v[k]) * (T(1) - a.beta1);
+      v.v[k] = a.beta2 * v.v[k] + (T(1) - a.beta2) * g * g;
+      T second = v.v[k];
+      if (a.amsgrad) {
+        second = vmax.v[k] < second ? second : vmax.v[k];
+        vmax.v[k] = second;
+      }
+      const T denom = sqrt(second) / c.bias_correction2_sqrt + a.eps;
+      p.v[k] = p.v[k] - c.step_size * (m.v[k] / denom);
+    }
+    store<W>(exp_avg + i, m);
+    store<W>(exp_avg_sq + i, v);
+    if (a.amsgrad) store<W>(exp_avg_sq_max + i, vmax);
+    store<W>(param + i, p);
+  }
+};
+
+template <class T>
+struct regularize_op {
+  const T* param;
+  T* grad;
+  T l1, l2;
+  template <int W>
+  __device__ void apply(index_t i) const {
+    const vec<T, W> p = load<W>(param + i);
+    vec<T, W> g = load<W>(grad + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const T sign = p.v[k] > T(0) ? T(1) : (p.v[k] < T(0) ? T(-1) : T(0));
+      g.v[k] += l1 * sign + T(2) * l2 * p.v[k];
+    }
+    store<W>(grad + i, g);
+  }
+};
+
+}  // namespace detail
+
+// The optimizer kernels of the CUDA policies.
+struct optim_kernels {
+  template <class T>
+  static void sgd_update(T* param, const T* grad, T* momentum_buffer, index_t n, const sgd_step_args<T>& a) {
+    detail::launch_map<T>(n, detail::sgd_op<T>{param, grad, momentum_buffer, a}, param, grad,
+                          a.momentum != T(0) ? momentum_buffer : static_cast<T*>(nullptr));
+  }
+
+  // exp_avg_sq_max is only touched with amsgrad.
+  template <class T>
+  static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
+                          const adam_step_args<T>& a) {
+    // The CPU's constants, computed the CPU's way.
+    const double step = static_cast<double>(a.step);
+    const T bias_correction1 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step));
+    const T bias_correction2 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step));
+    const detail::adam_constants<T> c{a.lr / bias_correction1, std::sqrt(bias_correction2),
+                                      T(1) - a.lr * a.weight_decay};
+    detail::launch_map<T>(n, detail::adam_op<T>{param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, a, c}, param, grad,
+                          exp_avg, exp_avg_sq, a.amsgrad ? exp_avg_sq_max : static_cast<T*>(nullptr));
+  }
+
+  // grad += l1 * sign(param) + 2 * l2 * param: the gradient of the penalty l1 * sum|p| + l2 * sum p^2 (Keras' form).
+  template <class T>
+  static void regularize_gradient(const T* param, T* grad, index_t n, T l1, T l2) {
+    detail::launch_map<T>(n, detail::regularize_op<T>{param, grad, l1, l2}, param, grad);
+  }
+};
+
+}  // namespace kiln::kernels::cuda

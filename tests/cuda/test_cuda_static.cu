@@ -1,0 +1,277 @@
+// Static mode on the GPU policies: the same small models (an MLP, a CNN with Conv2D, BatchNorm, MaxPool and Dropout,
+// an LSTM) trained from the same seed on policy::cpu and on policy::cuda / policy::cudnn must give the same losses,
+// predictions and state_dicts, within the tolerances stated next to each check.
+//
+// Why tolerances at all: the GPU sums in another order (cuBLAS splits K across threads, reductions go by blocks) so
+// every FP32 result may differ from the CPU's in its last bits (relative 1e-7 per operation, ~1e-6 after a long dot
+// product). Adam turns these into slightly different updates, and the differences grow over the steps; 20 steps of
+// Adam at lr 1e-3 keep them far below 1e-3 of the loss. Initial weights are drawn on the host for every policy and
+// uploaded, so they are identical bit for bit; dropout masks come from the counter-based generator and are identical
+// too (kernels/cuda/dropout.cuh).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cuda_test_helpers.cuh"
+#include "kiln/io/checkpoint.hpp"
+#include "kiln/kiln.hpp"
+#include "kiln/policy_cuda.cuh"
+#include "kiln/train.hpp"
+
+using namespace kiln;
+using namespace kiln::cuda_test;
+
+namespace {
+
+template <class P>
+using mlp = Sequential<P, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+template <class P>
+using cnn = Sequential<P, Input<1, 12, 12>, Conv2D<4, 3>, BatchNorm2d<>, ReLU, MaxPool2D<2>, Dropout<0.25>, Flatten,
+                       Dense<16, ReLU>, Dense<10>>;
+// Each model is also named through a class with a member type, the form check_against_cpu takes: nvcc 13 writes an
+// alias template (or a base-class list) whose arguments hold a class-type template argument (LSTM's rnn_options) into
+// its host code with an undeclared name, which the host compiler rejects; a member type is written correctly.
+template <class P>
+struct mlp_model {
+  using type = mlp<P>;
+};
+template <class P>
+struct cnn_model {
+  using type = cnn<P>;
+};
+template <class P>
+struct lstm_model {
+  using type = Sequential<P, Input<6, 5>, FinalState<LSTM<8>>, Dense<10>>;
+};
+
+// Random inputs in [-1, 1) and labels 0..9 for `samples` samples of sample_shape.
+struct batch_data {
+  Tensor<float> x;
+  Tensor<std::int64_t> y;
+};
+batch_data make_data(shape sample_shape, index_t samples, std::uint64_t seed) {
+  shape full{samples};
+  for (index_t e : sample_shape) full.push_back(e);
+  auto values = random_values<float>(full.numel(), seed);
+  batch_data d{Tensor<float>(full, std::span<const float>(values)), Tensor<std::int64_t>(shape{samples})};
+  for (index_t i = 0; i < samples; ++i) d.y[i] = (i * 7 + 3) % 10;
+  return d;
+}
+
+constexpr index_t batch = 32;
+
+// Losses of `steps` Adam steps over the data's batches in order (host data, staged by the model).
+template <class Net>
+std::vector<float> train_losses(Net& net, const batch_data& d, int steps) {
+  optim::basic_adam<float, typename Net::policy> adam({.lr = 1e-3});
+  const index_t batches = d.x.extent(0) / batch;
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    const index_t first = (s % batches) * batch;
+    losses.push_back(net.train_step(d.x.rows(first, batch), d.y.rows(first, batch), loss::cross_entropy{}, adam));
+  }
+  return losses;
+}
+
+template <class Net>
+std::vector<float> flat_state(const Net& net) {
+  std::vector<float> out;
+  for (const auto& [name, t] : net.state_dict()) out.insert(out.end(), t.data(), t.data() + t.numel());
+  return out;
+}
+
+std::vector<float> as_vector(const Tensor<float>& t) { return {t.data(), t.data() + t.numel()}; }
+
+// CPU and GPU versions of one model: same initial state, same losses over 20 steps, same predictions from the same
+// weights, and a state_dict round trip.
+template <template <class> class Model, class GPU>
+void check_against_cpu(shape sample_shape, double loss_tolerance, const char* what) {
+  CAPTURE(what);
+  CAPTURE(GPU::name);
+  const batch_data d = make_data(sample_shape, 4 * batch, 11);
+  typename Model<policy::cpu>::type cpu_net(batch, 42);
+  typename Model<GPU>::type gpu_net(batch, 42);
+
+  // Initial weights are drawn on the host for every policy: identical.
+  check_identical(flat_state(gpu_net), flat_state(cpu_net), std::string(what) + " initial state_dict");
+
+  const auto cpu_losses = train_losses(cpu_net, d, 20);
+  const auto gpu_losses = train_losses(gpu_net, d, 20);
+  for (float l : gpu_losses) REQUIRE(std::isfinite(l));
+  check_close(gpu_losses, cpu_losses, loss_tolerance, 1e-6, std::string(what) + " losses over 20 Adam steps");
+
+  // The same weights on both: predictions agree to FP32 rounding of one forward pass (relative 1e-4; absolute 1e-5
+  // for outputs near zero). predict runs in chunks of max_batch, so 3.5 batches also test the last partial chunk.
+  gpu_net.load_state_dict(cpu_net.state_dict());
+  check_identical(flat_state(gpu_net), flat_state(cpu_net), std::string(what) + " state_dict after load");
+  const auto x = d.x.rows(0, 3 * batch + batch / 2);
+  check_close(as_vector(gpu_net.predict(x)), as_vector(cpu_net.predict(x)), 1e-4, 1e-5,
+              std::string(what) + " predict");
+
+  // Round trip through a fresh GPU model.
+  typename Model<GPU>::type copy(batch, 7);
+  copy.load_state_dict(gpu_net.state_dict());
+  check_identical(flat_state(copy), flat_state(gpu_net), std::string(what) + " state_dict round trip");
+}
+
+}  // namespace
+
+TEST_CASE("static MLP on policy::cuda trains as on the CPU") {
+  check_against_cpu<mlp_model, policy::cuda>(shape{28, 28}, 1e-3, "MLP");
+}
+
+// BatchNorm's statistics are sums over batch x 100 values per channel, in another order on the GPU (cuDNN's own
+// kernels for policy::cudnn): a little more rounding than the MLP, hence 2e-3.
+TEST_CASE_TEMPLATE("static CNN (Conv2D, BatchNorm, MaxPool, Dropout, Dense) trains as on the CPU", GPU, policy::cuda,
+                   policy::cudnn) {
+  check_against_cpu<cnn_model, GPU>(shape{1, 12, 12}, 2e-3, "CNN");
+}
+
+TEST_CASE_TEMPLATE("static LSTM trains as on the CPU", GPU, policy::cuda, policy::cudnn) {
+  check_against_cpu<lstm_model, GPU>(shape{6, 5}, 1e-3, "LSTM");
+}
+
+TEST_CASE("batches resident on the device train exactly as staged host batches") {
+  const batch_data d = make_data(shape{28, 28}, 4 * batch, 5);
+  const auto x_device = to_device(as_vector(d.x));
+  const auto y_device = to_device(std::vector<std::int64_t>(d.y.data(), d.y.data() + d.y.numel()));
+  mlp<policy::cuda> staged(batch, 3), resident(batch, 3);
+  optim::basic_adam<float, policy::cuda> adam_staged({.lr = 1e-3}), adam_resident({.lr = 1e-3});
+  std::vector<float> staged_losses, resident_losses;
+  for (int s = 0; s < 8; ++s) {
+    const index_t first = (s % 4) * batch;
+    staged_losses.push_back(
+        staged.train_step(d.x.rows(first, batch), d.y.rows(first, batch), loss::cross_entropy{}, adam_staged));
+    tensor_view<const float> xb(x_device.data() + first * 784, shape{batch, 28, 28});
+    tensor_view<const std::int64_t> yb(y_device.data() + first, shape{batch});
+    resident_losses.push_back(resident.train_step(kiln::resident, xb, yb, loss::cross_entropy{}, adam_resident));
+  }
+  // Same kernels on the same numbers: the same bits.
+  check_identical(resident_losses, staged_losses, "resident vs staged losses");
+  tensor_view<const float> all(x_device.data(), shape{4 * batch, 28, 28});
+  check_identical(as_vector(resident.predict(kiln::resident, all)), as_vector(staged.predict(d.x)),
+                  "resident vs staged predict");
+  // forward returns device memory; last_output_on_host reads it back.
+  resident.eval();
+  resident.forward(kiln::resident, all.rows(0, batch));
+  const auto host_out = resident.last_output_on_host();
+  const auto expected = staged.predict(d.x.rows(0, batch));
+  check_identical(std::vector<float>(host_out.data(), host_out.data() + host_out.numel()), as_vector(expected),
+                  "last_output_on_host");
+}
+
+// A whole training step captured into a CUDA graph and replayed: the loss stays on the device
+// (enqueue_train_step) and Adam keeps its step count there (capturable), so every replay is a correct next step.
+// Compared with eager steps on the same batches: the only difference is where Adam's bias corrections are computed
+// (device pow versus host pow, both in double, then rounded to float), so the losses agree to 1e-5.
+TEST_CASE("a static training step captured into a CUDA graph replays as eager steps") {
+  const batch_data d = make_data(shape{28, 28}, 4 * batch, 9);
+  const auto x_device = to_device(as_vector(d.x));
+  const auto y_device = to_device(std::vector<std::int64_t>(d.y.data(), d.y.data() + d.y.numel()));
+  auto batch_x = [&](index_t s) { return x_device.data() + (s % 4) * batch * 784; };
+  auto batch_y = [&](index_t s) { return y_device.data() + (s % 4) * batch; };
+
+  mlp<policy::cuda> eager(batch, 5), graphed(batch, 5);
+  optim::basic_adam<float, policy::cuda> adam_eager({.lr = 1e-3});
+  optim::basic_adam<float, policy::cuda> adam_graphed({.lr = 1e-3, .capturable = true});
+  const int steps = 10;
+  std::vector<float> eager_losses;
+  for (int s = 0; s < steps; ++s)
+    eager_losses.push_back(eager.train_step(kiln::resident, tensor_view<const float>(batch_x(s), shape{batch, 28, 28}),
+                                            tensor_view<const std::int64_t>(batch_y(s), shape{batch}),
+                                            loss::cross_entropy{}, adam_eager));
+
+  // The graph reads its batch from fixed buffers; each step first copies the next batch there.
+  kiln::cuda::device_buffer<float> x_fixed(batch * 784), loss_device(1);
+  kiln::cuda::device_buffer<std::int64_t> y_fixed(batch);
+  const cudaStream_t stream = kiln::cuda::current_stream();
+  auto load_batch = [&](int s) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(x_fixed.data(), batch_x(s), batch * 784 * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, stream));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(y_fixed.data(), batch_y(s), batch * sizeof(std::int64_t),
+                                    cudaMemcpyDeviceToDevice, stream));
+  };
+  auto step = [&] {
+    graphed.enqueue_train_step(kiln::resident, tensor_view<const float>(x_fixed.data(), shape{batch, 28, 28}),
+                               tensor_view<const std::int64_t>(y_fixed.data(), shape{batch}), loss::cross_entropy{},
+                               adam_graphed, loss_device.data());
+  };
+  auto read_loss = [&] {
+    float value = 0;
+    policy::cuda::download(loss_device.data(), &value, 1);
+    return value;
+  };
+  std::vector<float> graphed_losses;
+  load_batch(0);
+  step();  // the first step outside the capture: it allocates Adam's state
+  graphed_losses.push_back(read_loss());
+  cudaGraph_t graph = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  step();
+  KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int s = 1; s < steps; ++s) {
+    load_batch(s);
+    KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    graphed_losses.push_back(read_loss());
+  }
+  KILN_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  KILN_CUDA_CHECK(cudaGraphDestroy(graph));
+  check_close(graphed_losses, eager_losses, 1e-5, 1e-7, "graph replay vs eager losses");
+  // The host learns the device's step count when it reads the state.
+  CHECK(adam_graphed.state().at(0).step == steps);
+}
+
+TEST_CASE("kiln::Model fits a GPU static model for one epoch as on the CPU") {
+  const batch_data d = make_data(shape{28, 28}, 8 * batch, 13);
+  mlp<policy::cpu> cpu_net(batch, 21);
+  mlp<policy::cuda> gpu_net(batch, 21);
+  Model cpu_model(cpu_net);
+  Model gpu_model(gpu_net);
+  cpu_model.compile(optim::Adam({.lr = 1e-3}), loss::cross_entropy{}, {metric::accuracy});
+  gpu_model.compile(optim::basic_adam<float, policy::cuda>({.lr = 1e-3}), loss::cross_entropy{}, {metric::accuracy});
+  fit_options<std::int64_t> options{.epochs = 1, .batch_size = batch, .verbose = 0, .seed = 4};
+  options.validation_data = labelled_data<std::int64_t>{d.x.rows(0, 2 * batch), d.y.rows(0, 2 * batch)};
+  const auto cpu_history = cpu_model.fit(d.x, d.y, options);
+  const auto gpu_history = gpu_model.fit(d.x, d.y, options);
+  REQUIRE(gpu_history.size() == 1);
+  for (const char* key : {"loss", "val_loss"})
+    check_close(gpu_history.series(key), cpu_history.series(key), 1e-3, 1e-6, key);
+  // Accuracy counts argmaxes: a near tie could flip one sample in 256 (64 for validation).
+  CHECK(std::abs(gpu_history.series("accuracy")[0] - cpu_history.series("accuracy")[0]) <= 1.0 / 256 + 1e-12);
+  CHECK(std::abs(gpu_history.series("val_accuracy")[0] - cpu_history.series("val_accuracy")[0]) <= 1.0 / 64 + 1e-12);
+  check_close(as_vector(gpu_model.predict(d.x.rows(0, batch))), as_vector(gpu_net.predict(d.x.rows(0, batch))), 0, 0,
+              "Model::predict");
+}
+
+TEST_CASE("a checkpoint of a GPU model and its optimizer resumes exactly") {
+  const batch_data d = make_data(shape{28, 28}, 4 * batch, 17);
+  const auto path = std::filesystem::temp_directory_path() / "kiln_cuda_static_checkpoint.safetensors";
+  auto run = [&](mlp<policy::cuda>& net, optim::basic_adam<float, policy::cuda>& adam, int from, int to) {
+    std::vector<float> losses;
+    for (int s = from; s < to; ++s) {
+      const index_t first = (s % 4) * batch;
+      losses.push_back(net.train_step(d.x.rows(first, batch), d.y.rows(first, batch), loss::cross_entropy{}, adam));
+    }
+    return losses;
+  };
+  mlp<policy::cuda> net(batch, 8);
+  optim::basic_adam<float, policy::cuda> adam({.lr = 1e-3});
+  run(net, adam, 0, 3);
+  io::save_checkpoint(path, net, adam, {.epoch = 0, .step = 3});
+  const auto uninterrupted = run(net, adam, 3, 6);
+
+  mlp<policy::cuda> resumed(batch, 99);
+  optim::basic_adam<float, policy::cuda> resumed_adam({.lr = 1e-3});
+  const auto state = io::load_checkpoint(path, resumed, resumed_adam);
+  CHECK(state.step == 3);
+  CHECK(resumed_adam.state().at(0).step == 3);
+  // Same weights, moments and kernels: the same bits.
+  check_identical(run(resumed, resumed_adam, 3, 6), uninterrupted, "losses after resuming");
+  std::filesystem::remove(path);
+}
