@@ -24,11 +24,9 @@
 #include "kiln/kernels/cuda/reduce.cuh"
 #include "kiln/kernels/cuda/softmax.cuh"
 #include "kiln/policy.hpp"
-// ---- CNN and recurrent CUDA kernels, cuDNN (helper "cudnn-cnn"): includes go here ----------------------------------
 #include "kiln/kernels/cuda/cnn.cuh"
 #include "kiln/kernels/cuda/recurrent.cuh"
 #include "kiln/kernels/cudnn/cudnn.cuh"
-// ---- end of the CNN / recurrent / cuDNN includes -------------------------------------------------------------------
 
 namespace kiln::policy {
 
@@ -72,8 +70,6 @@ struct cuda : kernels::cuda::elementwise_kernels,
                         kernels::cuda::gemm_math::fp32);
   }
 
-  // ---- CNN / recurrent members (helper "cudnn-cnn") go here -----------------------------------------------------------
-  // ---- end of the CNN / recurrent members ---------------------------------------------------------------------------
 };
 
 // policy::cuda with float GEMMs on the tensor cores in TF32 (10-bit mantissa inputs, FP32 accumulation), as PyTorch's
@@ -96,7 +92,6 @@ struct cuda_tf32 : cuda {
 struct cudnn : cuda, kernels::cudnn::cudnn_kernels {
   static constexpr const char* name = "cudnn";
 
-  // ---- cuDNN overrides (helper "cudnn-cnn") go here -------------------------------------------------------------------
   // These names exist in both bases; the using-declarations make cuDNN's hide policy::cuda's. Each falls back to
   // kiln's CUDA kernel where cuDNN cannot do the CPU's semantics (kernels/cudnn/*.cuh say where).
   using kernels::cudnn::conv_kernels::conv2d_forward;
@@ -108,7 +103,6 @@ struct cudnn : cuda, kernels::cudnn::cudnn_kernels {
   using kernels::cudnn::batch_norm_kernels::batch_norm_backward;
   using kernels::cudnn::softmax_kernels::softmax_forward;
   using kernels::cudnn::softmax_kernels::softmax_backward;
-  // ---- end of the cuDNN overrides ------------------------------------------------------------------------------------
 };
 
 }  // namespace kiln::policy

@@ -15,18 +15,10 @@ using index_t = std::ptrdiff_t;
 #define KILN_RESTRICT __restrict__
 #define KILN_ALWAYS_INLINE inline __attribute__((always_inline))
 #define KILN_NOINLINE __attribute__((noinline))
-// Lets loops that call sqrt vectorise: sqrt of a negative number then gives NaN without setting errno, which kiln
-// never reads. (GCC keeps the scalar errno path otherwise; Clang already assumes this on Linux.)
-#if defined(__clang__)
-#define KILN_VECTORIZE_MATH
-#else
-#define KILN_VECTORIZE_MATH __attribute__((optimize("no-math-errno")))
-#endif
 #else
 #define KILN_RESTRICT
 #define KILN_ALWAYS_INLINE inline
 #define KILN_NOINLINE
-#define KILN_VECTORIZE_MATH
 #endif
 
 // Marks the few scalar functions that CUDA kernels share with the CPU (activations, the Philox generator), so both

@@ -43,33 +43,30 @@ struct optim_kernels {
 
   // exp_avg_sq_max is only touched with amsgrad.
   template <class T>
-  KILN_VECTORIZE_MATH static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
+  static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
                           const adam_step_args<T>& a) {
-    T bias_correction1 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step)));
-    T bias_correction2 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step)));
-    T step_size = a.lr / bias_correction1;
-    T bias_correction2_sqrt = std::sqrt(bias_correction2);
-    T decay = T(1) - a.lr * a.weight_decay;
-    for (index_t i = 0; i < n; ++i) {
-      T g = grad[i];
-      T p = param[i];
-      if (a.weight_decay != T(0)) {
-        if (a.decoupled_weight_decay)
-          p *= decay;
-        else
-          g += a.weight_decay * p;
-      }
-      T m = exp_avg[i] + (g - exp_avg[i]) * (T(1) - a.beta1);
-      T v = a.beta2 * exp_avg_sq[i] + (T(1) - a.beta2) * g * g;
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
-      if (a.amsgrad) {
-        v = std::max(exp_avg_sq_max[i], v);
-        exp_avg_sq_max[i] = v;
-      }
-      T denom = std::sqrt(v) / bias_correction2_sqrt + a.eps;
-      param[i] = p - step_size * (m / denom);
-    }
+    adam_constants<T> c;
+    c.beta1 = a.beta1;
+    c.beta2 = a.beta2;
+    c.eps = a.eps;
+    c.weight_decay = a.weight_decay;
+    const double step = static_cast<double>(a.step);
+    const T bias_correction1 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step));
+    const T bias_correction2 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step));
+    c.step_size = a.lr / bias_correction1;
+    c.bias_correction2_sqrt = std::sqrt(bias_correction2);
+    c.decay = T(1) - a.lr * a.weight_decay;
+    // One loop per case, so that each is free of branches and vectorises.
+    const adam_decay decay = a.weight_decay == T(0)   ? adam_decay::none
+                             : a.decoupled_weight_decay ? adam_decay::decoupled
+                                                        : adam_decay::l2;
+    auto run = [&]<adam_decay Decay>() {
+      if (a.amsgrad) adam_loop<Decay, true>(param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, n, c);
+      else adam_loop<Decay, false>(param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, n, c);
+    };
+    if (decay == adam_decay::none) run.template operator()<adam_decay::none>();
+    else if (decay == adam_decay::decoupled) run.template operator()<adam_decay::decoupled>();
+    else run.template operator()<adam_decay::l2>();
   }
 
   // grad += l1 * sign(param) + 2 * l2 * param: the gradient of the penalty l1 * sum|p| + l2 * sum p^2 (Keras' form).
@@ -79,6 +76,38 @@ struct optim_kernels {
       T p = param[i];
       T sign = p > T(0) ? T(1) : (p < T(0) ? T(-1) : T(0));
       grad[i] += l1 * sign + T(2) * l2 * p;
+    }
+  }
+
+ private:
+  enum class adam_decay { none, l2, decoupled };
+  template <class T>
+  struct adam_constants {
+    T beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt, decay;
+  };
+
+  // The element loop of adam_update for one case; the arithmetic is the same in every case, term for term. It
+  // vectorises only where sqrt need not set errno (-fno-math-errno, which kiln::kiln adds for GCC): unvectorised, this
+  // loop took a third of an MNIST MLP training step.
+  template <adam_decay Decay, bool Amsgrad, class T>
+  static void adam_loop(T* KILN_RESTRICT param, const T* KILN_RESTRICT grad, T* KILN_RESTRICT exp_avg,
+                        T* KILN_RESTRICT exp_avg_sq, T* KILN_RESTRICT exp_avg_sq_max, index_t n,
+                        const adam_constants<T> c) {
+    for (index_t i = 0; i < n; ++i) {
+      T g = grad[i];
+      T p = param[i];
+      if constexpr (Decay == adam_decay::decoupled) p *= c.decay;
+      if constexpr (Decay == adam_decay::l2) g += c.weight_decay * p;
+      T m = exp_avg[i] + (g - exp_avg[i]) * (T(1) - c.beta1);
+      T v = c.beta2 * exp_avg_sq[i] + (T(1) - c.beta2) * g * g;
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+      if constexpr (Amsgrad) {
+        v = exp_avg_sq_max[i] < v ? v : exp_avg_sq_max[i];
+        exp_avg_sq_max[i] = v;
+      }
+      T denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+      param[i] = p - c.step_size * (m / denom);
     }
   }
 };
