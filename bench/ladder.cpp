@@ -60,25 +60,35 @@ struct measurement {
   double median_us = 0, min_us = 0, max_us = 0, allocations_per_step = 0;
 };
 
-// Times `steps` consecutive steps `reps` times after a warm-up; reports per-step figures.
-measurement measure(rung& r, std::size_t batches, long long steps, int reps) {
-  for (long long i = 0; i < std::min<long long>(steps, 20); ++i) r.step(static_cast<std::size_t>(i) % batches);
-  std::vector<double> per_step;
-  long long allocations_before = allocations_now();
-  long long counted_steps = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    auto start = std::chrono::steady_clock::now();
-    for (long long i = 0; i < steps; ++i) r.step(static_cast<std::size_t>(i) % batches);
-    per_step.push_back(examples::seconds_since(start) * 1e6 / double(steps));
-    counted_steps += steps;
+// Times every rung `reps` times, `steps` consecutive steps each, after a warm-up. The repetitions are interleaved
+// (rung 1, 2, ..., 5, then again) so that the clock drift of a shared machine, which over a minute reaches 20%, falls
+// on every rung alike instead of on whichever ran last; the ratios between rungs are then measured side by side.
+std::vector<measurement> measure_all(std::vector<rung>& rungs, std::size_t batches, long long steps, int reps) {
+  for (auto& r : rungs)
+    for (long long i = 0; i < std::min<long long>(steps, 20); ++i) r.step(static_cast<std::size_t>(i) % batches);
+  std::vector<std::vector<double>> per_step(rungs.size());
+  for (auto& times : per_step) times.reserve(static_cast<std::size_t>(reps));  // no allocation of ours is counted
+  std::vector<long long> allocations(rungs.size(), 0);
+  for (int rep = 0; rep < reps; ++rep)
+    for (std::size_t k = 0; k < rungs.size(); ++k) {
+      rungs[k].step(0);  // untimed: refills what the previous rung's run evicted (caches, the caching allocator)
+      const long long allocations_before = allocations_now();
+      auto start = std::chrono::steady_clock::now();
+      for (long long i = 0; i < steps; ++i) rungs[k].step(static_cast<std::size_t>(i) % batches);
+      const double seconds = examples::seconds_since(start);
+      allocations[k] += allocations_now() - allocations_before;
+      per_step[k].push_back(seconds * 1e6 / double(steps));
+    }
+  std::vector<measurement> result(rungs.size());
+  for (std::size_t k = 0; k < rungs.size(); ++k) {
+    auto& times = per_step[k];
+    std::sort(times.begin(), times.end());
+    result[k].median_us = times[times.size() / 2];
+    result[k].min_us = times.front();
+    result[k].max_us = times.back();
+    result[k].allocations_per_step = double(allocations[k]) / double(steps * reps);
   }
-  measurement m;
-  std::sort(per_step.begin(), per_step.end());
-  m.median_us = per_step[per_step.size() / 2];
-  m.min_us = per_step.front();
-  m.max_us = per_step.back();
-  m.allocations_per_step = double(allocations_now() - allocations_before) / double(counted_steps);
-  return m;
+  return result;
 }
 
 // The batches of a workload, as plain views (static mode) and as dynamic variables made once, before timing, the
@@ -160,8 +170,10 @@ bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<T
   std::printf("  %-2s %-28s %12s %10s %10s %12s %10s\n", "#", "rung", "median us", "min", "max", "allocs/step",
               "vs above");
   double above = 0;
-  for (auto& r : rungs) {
-    auto m = measure(r, batches.x.size(), steps, reps);
+  const auto measurements = measure_all(rungs, batches.x.size(), steps, reps);
+  for (std::size_t k = 0; k < rungs.size(); ++k) {
+    const auto& r = rungs[k];
+    const auto& m = measurements[k];
     double ratio = above > 0 ? m.median_us / above : 1.0;
     std::printf("  %-2d %-28s %12.3f %10.3f %10.3f %12.2f %9.2fx\n", r.number, r.name, m.median_us, m.min_us,
                 m.max_us, m.allocations_per_step, ratio);
