@@ -39,6 +39,22 @@ KILN_ALWAYS_INLINE void transpose_8x8(__m256 (&r)[8]) {
   r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
+// The same for a 6 x 8 block (AVX2's micro-panel of 6 rows): dst[(p + q) * 6 + r] = src[r * src_stride + p + q].
+// Rows 6 and 7 of the transpose repeat row 5 (always readable). Groups 0-6 are stored 8 wide, in order, so each
+// store's two extra lanes land on the next group's first two, which the next store rewrites; the last group is
+// stored as 4 + 2 values, so nothing beyond the 48 packed values is touched. (No masked store: vmaskmovps stores are
+// microcoded on AMD's Zen and made this slower than the scalar gather it replaces.)
+KILN_ALWAYS_INLINE void transpose_6x8_block(const float* src, index_t src_stride, float* dst) {
+  __m256 t[8];
+  for (int q = 0; q < 6; ++q) t[q] = _mm256_loadu_ps(src + q * src_stride);
+  t[6] = t[5];
+  t[7] = t[5];
+  transpose_8x8(t);
+  for (int q = 0; q < 7; ++q) _mm256_storeu_ps(dst + q * 6, t[q]);
+  _mm_storeu_ps(dst + 42, _mm256_castps256_ps128(t[7]));
+  _mm_storel_pi(reinterpret_cast<__m64*>(dst + 46), _mm256_extractf128_ps(t[7], 1));
+}
+
 // dst[(p + q) * dst_stride + r] = src[r * src_stride + p + q] for an 8 x 8 block: rows of src become 8-wide groups.
 KILN_ALWAYS_INLINE void transpose_8x8_block(const float* src, index_t src_stride, float* dst, index_t dst_stride) {
   __m256 t[8];
@@ -102,6 +118,12 @@ void pack_a(bool transpose_a, const T* a, index_t lda, int rows, index_t kc, T* 
     if (rows == MR)
       for (; p + 8 <= kc; p += 8)
         for (int g = 0; g < MR; g += 8) transpose_8x8_block(a + g * lda + p, lda, out + p * MR + g, MR);
+  }
+  if constexpr (std::is_same_v<T, float> && MR == 6) {
+    // Without it, packing the rows of a row-major A (every Dense forward) is a scalar gather per value, and every
+    // thread of a column split repeats it.
+    if (rows == MR)
+      for (; p + 8 <= kc; p += 8) transpose_6x8_block(a + p, lda, out + p * MR);
   }
 #endif
   for (; p < kc; ++p) copy_padded<T, MR>(a + p, lda, rows, out + p * MR);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kiln/core/config.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -60,9 +61,17 @@ struct optim_kernels {
     const adam_decay decay = a.weight_decay == T(0)   ? adam_decay::none
                              : a.decoupled_weight_decay ? adam_decay::decoupled
                                                         : adam_decay::l2;
+    // Large spans (a static model's flat buffer) are split over the threads: the update is memory-bound, and each
+    // thread's share then streams through its own core's cache.
     auto run = [&]<adam_decay Decay>() {
-      if (a.amsgrad) adam_loop<Decay, true>(param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, n, c);
-      else adam_loop<Decay, false>(param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, n, c);
+      parallel_chunks<T>(n, [&](index_t begin, index_t end) {
+        T* const p = param + begin;
+        const T* const g = grad + begin;
+        T* const m = exp_avg + begin;
+        T* const v = exp_avg_sq + begin;
+        if (a.amsgrad) adam_loop<Decay, true>(p, g, m, v, exp_avg_sq_max + begin, end - begin, c);
+        else adam_loop<Decay, false>(p, g, m, v, static_cast<T*>(nullptr), end - begin, c);
+      });
     };
     if (decay == adam_decay::none) run.template operator()<adam_decay::none>();
     else if (decay == adam_decay::decoupled) run.template operator()<adam_decay::decoupled>();

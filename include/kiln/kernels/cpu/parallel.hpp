@@ -1,0 +1,39 @@
+// Splits an element-wise loop over the CPU threads: contiguous chunks, one per thread, cut at multiples of 64 bytes so
+// that no two threads write into one cache line. Each element is computed by the same code whatever the thread count,
+// so results are bit-identical on one thread and on many.
+#pragma once
+
+#include <algorithm>
+
+#include "kiln/core/config.hpp"
+#include "kiln/core/threads.hpp"
+
+namespace kiln::kernels::cpu {
+
+// Below this many elements per thread a parallel region (a few microseconds to wake and join) costs more than it saves.
+inline constexpr index_t parallel_min_elements_per_thread = 32 * 1024;
+
+// Calls body(begin, end) over [0, n), on up to num_threads() threads when n is large enough.
+template <class T, class Body>
+void parallel_chunks(index_t n, Body&& body) {
+  const int threads = int(std::min<index_t>(num_threads(), n / parallel_min_elements_per_thread));
+  if (threads <= 1) {
+    body(index_t{0}, n);
+    return;
+  }
+#if defined(_OPENMP)
+  constexpr index_t line = 64 / index_t(sizeof(T)) > 0 ? 64 / index_t(sizeof(T)) : 1;
+#pragma omp parallel num_threads(threads)
+  {
+    const index_t team = omp_get_num_threads(), id = omp_get_thread_num();
+    const index_t lines = (n + line - 1) / line;
+    const index_t begin = std::min(n, lines * id / team * line);
+    const index_t end = std::min(n, lines * (id + 1) / team * line);
+    if (begin < end) body(begin, end);
+  }
+#else
+  body(index_t{0}, n);
+#endif
+}
+
+}  // namespace kiln::kernels::cpu

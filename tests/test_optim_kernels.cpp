@@ -1,0 +1,82 @@
+// The optimizer update kernels over long spans: split over threads (kernels/cpu/parallel.hpp), they must give the
+// one-thread result bit for bit, in every variant of Adam, and touch no element outside the span.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kiln/core/random.hpp"
+#include "kiln/core/threads.hpp"
+#include "kiln/kernels/cpu/optim.hpp"
+
+using namespace kiln;
+using kiln::kernels::cpu::adam_step_args;
+using kiln::kernels::cpu::optim_kernels;
+
+namespace {
+
+// Parameters, gradients and Adam's state for n values, with a guard value on either side of every array.
+template <class T>
+struct adam_arrays {
+  static constexpr index_t guard = 16;
+  std::vector<T> param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max;
+  index_t n;
+  explicit adam_arrays(index_t count, std::uint64_t seed) : n(count) {
+    random_generator rng(seed);
+    for (auto* v : {&param, &grad, &exp_avg, &exp_avg_sq, &exp_avg_sq_max}) v->assign(std::size_t(n + 2 * guard), T(7));
+    for (index_t i = 0; i < n; ++i) {
+      param[std::size_t(guard + i)] = rng.template uniform<T>(T(-1), T(1));
+      grad[std::size_t(guard + i)] = rng.template uniform<T>(T(-0.5), T(0.5));
+      exp_avg[std::size_t(guard + i)] = T(0);
+      exp_avg_sq[std::size_t(guard + i)] = T(0);
+      exp_avg_sq_max[std::size_t(guard + i)] = T(0);
+    }
+  }
+  void step(const adam_step_args<T>& a) {
+    optim_kernels::adam_update(param.data() + guard, grad.data() + guard, exp_avg.data() + guard,
+                               exp_avg_sq.data() + guard, a.amsgrad ? exp_avg_sq_max.data() + guard : nullptr, n, a);
+  }
+  bool operator==(const adam_arrays& o) const {
+    auto same = [](const std::vector<T>& x, const std::vector<T>& y) {
+      return std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+    };
+    return same(param, o.param) && same(exp_avg, o.exp_avg) && same(exp_avg_sq, o.exp_avg_sq) &&
+           same(exp_avg_sq_max, o.exp_avg_sq_max);
+  }
+  bool guards_intact() const {
+    for (const auto* v : {&param, &grad, &exp_avg, &exp_avg_sq, &exp_avg_sq_max})
+      for (index_t i = 0; i < guard; ++i)
+        if ((*v)[std::size_t(i)] != T(7) || (*v)[std::size_t(guard + n + i)] != T(7)) return false;
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("Adam over a long span: bit-identical on one and two threads, in every variant", T, float, double) {
+  const int saved = num_threads();
+  struct variant {
+    T weight_decay;
+    bool decoupled, amsgrad;
+  };
+  // 100003 values: above the parallel threshold, and not a multiple of a cache line, so the last chunk is ragged.
+  for (const variant v : {variant{0, false, false}, variant{T(0.01), false, false}, variant{T(0.01), true, false},
+                          variant{0, false, true}, variant{T(0.01), true, true}}) {
+    CAPTURE(v.weight_decay);
+    CAPTURE(v.decoupled);
+    CAPTURE(v.amsgrad);
+    adam_arrays<T> one(100003, 5), two(100003, 5);
+    for (long long step = 1; step <= 3; ++step) {
+      const adam_step_args<T> a{T(1e-3), T(0.9), T(0.999), T(1e-8), v.weight_decay, v.decoupled, v.amsgrad, step};
+      set_num_threads(1);
+      one.step(a);
+      set_num_threads(2);
+      two.step(a);
+    }
+    CHECK(one == two);
+    CHECK(one.guards_intact());
+    CHECK(two.guards_intact());
+  }
+  set_num_threads(saved);
+}
