@@ -9,7 +9,8 @@
 // Before any time is reported, every rung's losses over the first steps must be identical to rung 1's: they run the
 // same kernels on the same numbers, so anything else is a bug.
 //
-//   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|all] [--reps 5] [--data DIR] [--quick]
+//   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|mnist_cnn|lstm|all] [--reps 5]
+//          [--data DIR] [--quick]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -264,19 +265,22 @@ int main(int argc, char** argv) try {
         b, loss::cross_entropy{}, keep);
     ok &= run_workload("wide_mlp", rungs, b, quick ? 5 : 20, reps, threads, "784-1024-1024-10, batch 256, CE, Adam");
   }
-  if (only == "all" || only == "mnist_mlp") {
+  const bool mnist_workloads = only == "all" || only == "mnist_mlp" || only == "mnist_cnn" || only == "lstm";
+  std::vector<Tensor<float>> xs;
+  std::vector<Tensor<std::int64_t>> ys;
+  if (mnist_workloads) {
     auto dir = data::find_data_dir("mnist", flags.get("--data", ""));
     auto train = data::load_mnist(dir, data::split::train,
                                   {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
     // One epoch's batches in a seeded shuffled order, assembled before timing: this bench measures steps only
     // (the loader bench and the demo measure the data pipeline).
     data::data_loader loader(train, {.batch_size = 64, .shuffle = true, .seed = 5});
-    std::vector<Tensor<float>> xs;
-    std::vector<Tensor<std::int64_t>> ys;
     for (const auto& batch : loader.epoch(0)) {
       xs.emplace_back(batch.x);
       ys.emplace_back(batch.y);
     }
+  }
+  if (only == "all" || only == "mnist_mlp") {
     batch_set<std::int64_t> b;
     for (std::size_t i = 0; i < xs.size(); ++i) {
       b.x.push_back(xs[i].view());
@@ -291,6 +295,55 @@ int main(int argc, char** argv) try {
     long long steps = quick ? 200 : static_cast<long long>(xs.size());
     ok &= run_workload("mnist_mlp", rungs, b, steps, reps, threads,
                        quick ? "batch 64, Adam, 200 steps of MNIST" : "batch 64, Adam, one epoch of MNIST (938 steps)");
+  }
+  if (only == "all" || only == "mnist_cnn") {
+    // examples/mnist_cnn's network without its dropout: Conv 32 3x3 - ReLU - Conv 64 3x3 - ReLU - MaxPool 2 -
+    // Flatten - Dense 128 ReLU - Dense 10, on the first batches of the same epoch, as 1 x 28 x 28 images.
+    std::vector<Tensor<float>> images;
+    batch_set<std::int64_t> b;
+    const std::size_t count = std::min<std::size_t>(xs.size(), 32);
+    for (std::size_t i = 0; i < count; ++i) {
+      images.push_back(xs[i]);
+      images.back().reshape(shape{xs[i].extent(0), 1, 28, 28});
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      b.x.push_back(images[i].view());
+      b.y.push_back(ys[i].view());
+      b.x_var.emplace_back(images[i]);
+    }
+    using Net = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
+                           Flatten, Dense<128, ReLU>, Dense<10>>;
+    auto rungs = make_rungs<Net, std::int64_t>(
+        1, 64,
+        [] {
+          manual_seed(1);
+          return nn::Sequential(nn::Conv2d(1, 32, 3), nn::ReLU(), nn::Conv2d(32, 64, 3), nn::ReLU(), nn::MaxPool2d(2),
+                                nn::Flatten(), nn::Linear(9216, 128), nn::ReLU(), nn::Linear(128, 10));
+        },
+        b, loss::cross_entropy{}, keep);
+    ok &= run_workload("mnist_cnn", rungs, b, quick ? 3 : 10, reps, threads,
+                       "Conv32-Conv64-MaxPool-Dense128-Dense10, batch 64, CE, Adam");
+  }
+  if (only == "all" || only == "lstm") {
+    // examples/sequence_classify's task: each image read as 28 rows of 28 pixels by a one-layer LSTM(128), its final
+    // hidden state into Dense 10 (one direction: the bidirectional case is bench/lstm_bench's).
+    batch_set<std::int64_t> b;
+    const std::size_t count = std::min<std::size_t>(xs.size(), 64);
+    for (std::size_t i = 0; i < count; ++i) {
+      b.x.push_back(xs[i].view());
+      b.y.push_back(ys[i].view());
+      b.x_var.emplace_back(xs[i]);
+    }
+    using Net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
+    auto rungs = make_rungs<Net, std::int64_t>(
+        1, 64,
+        [] {
+          manual_seed(1);
+          return nn::Sequential(nn::FinalState(nn::LSTM(28, 128, {.batch_first = true})), nn::Linear(128, 10));
+        },
+        b, loss::cross_entropy{}, keep);
+    ok &= run_workload("lstm", rungs, b, quick ? 10 : 40, reps, threads,
+                       "sequential MNIST rows, LSTM(128) final state - Dense 10, batch 64, CE, Adam");
   }
   nn::set_caching_allocator(true);
   return ok ? 0 : 1;
