@@ -46,11 +46,7 @@ struct optim_kernels {
   template <class T>
   static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
                           const adam_step_args<T>& a) {
-    adam_constants<T> c;
-    c.beta1 = a.beta1;
-    c.beta2 = a.beta2;
-    c.eps = a.eps;
-    c.weight_decay = a.weight_decay;
+    adam_step_constants<T> c;
     const double step = static_cast<double>(a.step);
     const T bias_correction1 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step));
     const T bias_correction2 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step));
@@ -69,8 +65,8 @@ struct optim_kernels {
         const T* const g = grad + begin;
         T* const m = exp_avg + begin;
         T* const v = exp_avg_sq + begin;
-        if (a.amsgrad) adam_loop<Decay, true>(p, g, m, v, exp_avg_sq_max + begin, end - begin, c);
-        else adam_loop<Decay, false>(p, g, m, v, static_cast<T*>(nullptr), end - begin, c);
+        if (a.amsgrad) adam_loop<Decay, true>(p, g, m, v, exp_avg_sq_max + begin, end - begin, a, c);
+        else adam_loop<Decay, false>(p, g, m, v, static_cast<T*>(nullptr), end - begin, a, c);
       });
     };
     if (decay == adam_decay::none) run.template operator()<adam_decay::none>();
@@ -90,9 +86,10 @@ struct optim_kernels {
 
  private:
   enum class adam_decay { none, l2, decoupled };
+  // What one step derives from its arguments once, for every element.
   template <class T>
-  struct adam_constants {
-    T beta1, beta2, eps, weight_decay, step_size, bias_correction2_sqrt, decay;
+  struct adam_step_constants {
+    T step_size, bias_correction2_sqrt, decay;
   };
 
   // The element loop of adam_update for one case; the arithmetic is the same in every case, term for term. It
@@ -101,21 +98,21 @@ struct optim_kernels {
   template <adam_decay Decay, bool Amsgrad, class T>
   static void adam_loop(T* KILN_RESTRICT param, const T* KILN_RESTRICT grad, T* KILN_RESTRICT exp_avg,
                         T* KILN_RESTRICT exp_avg_sq, T* KILN_RESTRICT exp_avg_sq_max, index_t n,
-                        const adam_constants<T> c) {
+                        const adam_step_args<T> a, const adam_step_constants<T> c) {
     for (index_t i = 0; i < n; ++i) {
       T g = grad[i];
       T p = param[i];
       if constexpr (Decay == adam_decay::decoupled) p *= c.decay;
-      if constexpr (Decay == adam_decay::l2) g += c.weight_decay * p;
-      T m = exp_avg[i] + (g - exp_avg[i]) * (T(1) - c.beta1);
-      T v = c.beta2 * exp_avg_sq[i] + (T(1) - c.beta2) * g * g;
+      if constexpr (Decay == adam_decay::l2) g += a.weight_decay * p;
+      T m = exp_avg[i] + (g - exp_avg[i]) * (T(1) - a.beta1);
+      T v = a.beta2 * exp_avg_sq[i] + (T(1) - a.beta2) * g * g;
       exp_avg[i] = m;
       exp_avg_sq[i] = v;
       if constexpr (Amsgrad) {
         v = exp_avg_sq_max[i] < v ? v : exp_avg_sq_max[i];
         exp_avg_sq_max[i] = v;
       }
-      T denom = std::sqrt(v) / c.bias_correction2_sqrt + c.eps;
+      T denom = std::sqrt(v) / c.bias_correction2_sqrt + a.eps;
       param[i] = p - c.step_size * (m / denom);
     }
   }

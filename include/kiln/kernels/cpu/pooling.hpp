@@ -8,6 +8,7 @@
 #include "kiln/core/config.hpp"
 #include "kiln/kernels/cpu/conv.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
+#include "kiln/kernels/pool_window.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -20,20 +21,8 @@ struct pooling_kernels {
       const T* xp = x + p * in_plane;
       T* yp = y + p * g.out_plane();
       for (index_t oh = 0; oh < g.out_height; ++oh)
-        for (index_t ow = 0; ow < g.out_width; ++ow) {
-          T best = -std::numeric_limits<T>::infinity();
-          for (index_t i = 0; i < g.kernel_h; ++i) {
-            const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
-            if (ih < 0 || ih >= g.height) continue;
-            for (index_t j = 0; j < g.kernel_w; ++j) {
-              const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
-              if (iw < 0 || iw >= g.width) continue;
-              const T v = xp[ih * g.width + iw];
-              if (v > best || v != v) best = v;
-            }
-          }
-          yp[oh * g.out_width + ow] = best;
-        }
+        for (index_t ow = 0; ow < g.out_width; ++ow)
+          yp[oh * g.out_width + ow] = max_pool_window(xp, oh, ow, g, -std::numeric_limits<T>::infinity());
     }
   }
   // dx (+)= dy routed to the first element of each window that equals the window's maximum y.
@@ -48,38 +37,10 @@ struct pooling_kernels {
       for (index_t oh = 0; oh < g.out_height; ++oh)
         for (index_t ow = 0; ow < g.out_width; ++ow) {
           const index_t o = p * g.out_plane() + oh * g.out_width + ow;
-          const T best = y[o];
-          index_t at = -1;
-          for (index_t i = 0; i < g.kernel_h && at < 0; ++i) {
-            const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
-            if (ih < 0 || ih >= g.height) continue;
-            for (index_t j = 0; j < g.kernel_w; ++j) {
-              const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
-              if (iw < 0 || iw >= g.width) continue;
-              const T v = xp[ih * g.width + iw];
-              if (v == best || (v != v && best != best)) {
-                at = ih * g.width + iw;
-                break;
-              }
-            }
-          }
+          const index_t at = max_pool_argmax(xp, y[o], oh, ow, g);
           if (at >= 0) dxp[at] += dy[o];
         }
     }
-  }
-
-  // The divisor of output (oh, ow) of an average pool: the window clipped to the padded input (count_include_pad)
-  // or to the input itself.
-  static index_t avg_pool_divisor(index_t oh, index_t ow, const conv_geometry& g, bool count_include_pad) {
-    index_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
-    index_t h1 = std::min(h0 + g.kernel_h, g.height + g.pad_h), w1 = std::min(w0 + g.kernel_w, g.width + g.pad_w);
-    index_t pool = (h1 - h0) * (w1 - w0);
-    if (count_include_pad) return pool;
-    h0 = std::max<index_t>(h0, 0);
-    w0 = std::max<index_t>(w0, 0);
-    h1 = std::min(h1, g.height);
-    w1 = std::min(w1, g.width);
-    return (h1 - h0) * (w1 - w0);
   }
 
   template <class T>

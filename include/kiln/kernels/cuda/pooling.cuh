@@ -9,6 +9,7 @@
 
 #include "kiln/kernels/cpu/conv.hpp"
 #include "kiln/kernels/cuda/cnn_common.cuh"
+#include "kiln/kernels/pool_window.hpp"
 
 namespace kiln::kernels::cuda {
 
@@ -23,35 +24,8 @@ __global__ void max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__
   for (index_t at = global_thread(); at < total; at += global_threads()) {
     const index_t ow = at % g.out_width, oh = (at / g.out_width) % g.out_height, p = at / out_plane;
     const T* xp = x + p * g.height * g.width;
-    T best = -::cuda::std::numeric_limits<T>::infinity();
-    for (index_t i = 0; i < g.kernel_h; ++i) {
-      const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
-      if (ih < 0 || ih >= g.height) continue;
-      for (index_t j = 0; j < g.kernel_w; ++j) {
-        const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
-        if (iw < 0 || iw >= g.width) continue;
-        const T v = xp[ih * g.width + iw];
-        if (v > best || v != v) best = v;
-      }
-    }
-    y[at] = best;
+    y[at] = max_pool_window(xp, oh, ow, g, -::cuda::std::numeric_limits<T>::infinity());
   }
-}
-
-// The input offset (within its plane) of the first element of window (oh, ow) that equals best, or -1.
-template <class T>
-__device__ index_t max_pool_argmax(const T* xp, T best, index_t oh, index_t ow, const conv_geometry& g) {
-  for (index_t i = 0; i < g.kernel_h; ++i) {
-    const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
-    if (ih < 0 || ih >= g.height) continue;
-    for (index_t j = 0; j < g.kernel_w; ++j) {
-      const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
-      if (iw < 0 || iw >= g.width) continue;
-      const T v = xp[ih * g.width + iw];
-      if (v == best || (v != v && best != best)) return ih * g.width + iw;
-    }
-  }
-  return -1;
 }
 
 // dx[p, ih, iw] (+)= dy of every window whose first maximum is (ih, iw), windows taken in increasing (oh, ow) as the
@@ -80,19 +54,6 @@ __global__ void max_pool_backward_kernel(const T* __restrict__ x, const T* __res
     }
     dx[at] = sum;
   }
-}
-
-// The CPU's avg_pool_divisor: the window clipped to the padded input (count_include_pad) or to the input.
-__device__ inline index_t avg_pool_divisor(index_t oh, index_t ow, const conv_geometry& g, bool count_include_pad) {
-  index_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
-  index_t h1 = min(h0 + g.kernel_h, g.height + g.pad_h), w1 = min(w0 + g.kernel_w, g.width + g.pad_w);
-  const index_t pool = (h1 - h0) * (w1 - w0);
-  if (count_include_pad) return pool;
-  h0 = max(h0, index_t(0));
-  w0 = max(w0, index_t(0));
-  h1 = min(h1, g.height);
-  w1 = min(w1, g.width);
-  return (h1 - h0) * (w1 - w0);
 }
 
 template <class T>
