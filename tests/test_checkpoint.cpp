@@ -18,10 +18,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using static_net = Sequential<policy::cpu, Input<6>, Dense<16, Tanh>, Dense<8, ReLU>, Dense<3>>;
+// Two dropout layers: a resumed run must also continue both of their generators.
+using static_net = Sequential<policy::cpu, Input<6>, Dense<16, Tanh>, Dropout<0.2>, Dense<8, ReLU>, Dropout<0.1>,
+                              Dense<3>>;
 nn::Sequential dynamic_net(std::uint64_t seed) {
   manual_seed(seed);
-  return nn::Sequential(nn::Linear(6, 16), nn::Tanh(), nn::Linear(16, 8), nn::ReLU(), nn::Linear(8, 3));
+  return nn::Sequential(nn::Linear(6, 16), nn::Tanh(), nn::Dropout(0.2f), nn::Linear(16, 8), nn::ReLU(),
+                        nn::Dropout(0.1f), nn::Linear(8, 3));
 }
 
 fs::path temp_path(const std::string& name) {
@@ -197,6 +200,15 @@ TEST_CASE("checkpoints: metadata, weights readable by load_weights, and refusals
   optim::Adam opt2;
   CHECK_THROWS_WITH_AS(io::load_checkpoint(weights_only, untouched, opt2), doctest::Contains("not a kiln checkpoint"),
                        error);
+  // A checkpoint without the second dropout layer's generator state.
+  CHECK(file.meta("rng.model.0"));
+  CHECK(file.meta("rng.model.1"));
+  auto missing = file;
+  std::erase_if(missing.metadata, [](const auto& entry) { return entry.first == "rng.model.1"; });
+  auto missing_path = temp_path("missing_generator.ckpt");
+  io::write_safetensors(missing_path, missing);
+  optim::Adam opt3;
+  CHECK_THROWS_WITH_AS(io::load_checkpoint(missing_path, untouched, opt3), doctest::Contains("'rng.model.1'"), error);
   auto after = untouched.state_dict();
   for (std::size_t i = 0; i < before.size(); ++i)
     for (index_t k = 0; k < before[i].second.numel(); ++k) CHECK(before[i].second[k] == after[i].second[k]);

@@ -334,6 +334,59 @@ TEST_CASE("BatchNorm keeps running statistics as buffers, apart from its paramet
   CHECK(model.named_buffers()[2].second.item() == 2.0f);
 }
 
+TEST_CASE("Dropout: two layers draw masks of their own, the same in both modes") {
+  // Two modules built after one manual_seed: independent masks (about a quarter of the elements dropped by both),
+  // not the same mask twice.
+  const index_t n = 100000;
+  Tensor<float> ones(shape{n}, 1.0f);
+  manual_seed(11);
+  nn::Dropout first(0.5f), second(0.5f);
+  nn::Variable x(ones);
+  auto a = first(x);
+  auto b = second(x);
+  index_t both = 0, differ = 0;
+  for (index_t i = 0; i < n; ++i) {
+    both += a.value()[i] == 0.0f && b.value()[i] == 0.0f;
+    differ += (a.value()[i] == 0.0f) != (b.value()[i] == 0.0f);
+  }
+  CHECK(std::abs(double(both) / n - 0.25) < 0.01);
+  CHECK(std::abs(double(differ) / n - 0.5) < 0.01);
+
+  // A model with two dropout layers (and a stacked LSTM's dropout would be a third kind of drawer, see
+  // test_recurrent): static and dynamic mode draw the same masks and give identical losses.
+  const std::uint64_t seed = 9;
+  using Net = Sequential<policy::cpu, Input<20>, Dropout<0.2>, Dense<32, ReLU>, Dropout<0.5>, Dense<4>>;
+  Net net(16, seed);
+  manual_seed(seed);
+  nn::Sequential model(nn::Dropout(0.2f), nn::Linear(20, 32), nn::ReLU(), nn::Dropout(0.5f), nn::Linear(32, 4));
+  random_generator rng(10);
+  Tensor<float> input(shape{16, 20});
+  for (auto& v : input.span()) v = rng.normal<float>();
+  Tensor<std::int64_t> labels(shape{16});
+  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(4));
+  optim::Adam static_opt({.lr = 1e-2});
+  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-2});
+  nn::Variable v(input);
+  for (int step = 0; step < 8; ++step) {
+    float s = net.train_step(input, labels, loss::cross_entropy{}, static_opt);
+    dynamic_opt.zero_grad();
+    auto l = nn::cross_entropy(model(v), labels);
+    l.backward();
+    dynamic_opt.step();
+    CAPTURE(step);
+    REQUIRE(s == l.item());
+  }
+  // Each layer owns one generator, in layer order, on the streams of the seed.
+  REQUIRE(net.runtime_generators().size() == 2);
+  auto generators = model.runtime_generators();
+  REQUIRE(generators.size() == 2);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CHECK(net.runtime_generators()[k].state().stream == runtime_stream_base + k);
+    CHECK(generators[k]->state().stream == runtime_stream_base + k);
+    CHECK(generators[k]->state().position == net.runtime_generators()[k].state().position);
+  }
+}
+
 TEST_CASE("Dropout: identity in evaluation, the expected fraction dropped in training") {
   const index_t n = 100000;
   Tensor<float> ones(shape{n}, 1.0f);

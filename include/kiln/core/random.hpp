@@ -161,20 +161,29 @@ inline void advance(random_generator& g, std::uint64_t draws) {
 
 // The global seed behind dynamic-mode initialisation, like torch.manual_seed. Every module that owns parameters takes
 // the next stream of this seed when it is constructed; a static Sequential built with the same seed gives its k-th
-// parameterised layer stream k, so both modes start from the same weights.
+// parameterised layer stream k, so both modes start from the same weights. Layers that draw at run time (dropout
+// masks) count apart: the k-th takes stream runtime_stream_base + k in both modes, so each has numbers of its own and
+// static and dynamic models with the same seed draw the same masks.
+inline constexpr std::uint64_t runtime_stream_base = std::uint64_t{1} << 62;
 struct init_streams {
   std::uint64_t seed = 0;
   std::uint64_t next_stream = 0;
+  std::uint64_t next_runtime_stream = 0;
 };
 inline init_streams& global_init_streams() {
   static thread_local init_streams streams;
   return streams;
 }
-inline void manual_seed(std::uint64_t seed) { global_init_streams() = {seed, 0}; }
+inline void manual_seed(std::uint64_t seed) { global_init_streams() = {seed, 0, 0}; }
 // The generator for the next parameterised module.
 inline random_generator next_init_generator() {
   auto& s = global_init_streams();
   return random_generator(s.seed, s.next_stream++);
+}
+// The generator for the next module that draws at run time.
+inline random_generator next_runtime_generator() {
+  auto& s = global_init_streams();
+  return random_generator(s.seed, runtime_stream_base + s.next_runtime_stream++);
 }
 
 }  // namespace kiln

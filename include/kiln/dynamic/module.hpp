@@ -192,6 +192,18 @@ class basic_module {
     if (has_init_) out.push_back({init_seed_, init_stream_, this});
     for (auto& c : children_) c.second->collect_init_origins(out);
   }
+  // The generators of the modules that draw at run time (dropout masks), this one's and its descendants', in
+  // positional order: the k-th is on stream runtime_stream_base + k of the seed, as in a static Sequential. A
+  // checkpoint saves and restores their states.
+  std::vector<random_generator*> runtime_generators() {
+    std::vector<random_generator*> out;
+    collect_runtime_generators(out);
+    return out;
+  }
+  void collect_runtime_generators(std::vector<random_generator*>& out) {
+    if (auto* g = own_runtime_generator()) out.push_back(g);
+    for (auto& c : children_) c.second->collect_runtime_generators(out);
+  }
   // Re-draws this module's own parameters from stream `stream` of `seed` (modules with parameters override
   // reset_parameters; the origin is updated).
   void reinitialize_from(std::uint64_t seed, std::uint64_t stream) {
@@ -212,6 +224,8 @@ class basic_module {
   }
   // Draws this module's own parameters from rng, as its constructor did.
   virtual void reset_parameters(random_generator&) {}
+  // The generator of a module that draws at run time (taken from kiln::next_runtime_generator()), or null.
+  virtual random_generator* own_runtime_generator() { return nullptr; }
 
   // Containers (Sequential) reorder and rename their children.
   std::vector<std::pair<std::string, module_ptr>>& mutable_children() { return children_; }

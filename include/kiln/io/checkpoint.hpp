@@ -1,7 +1,8 @@
 // Checkpoints that resume exactly: one safetensors file with the model's parameters and buffers (PyTorch's names),
 // the optimizer's state (Adam's moments and per-slot step counts, SGD's momentum buffers, steps taken, learning
-// rate), the epoch and step, and the state of random generators (the static model's own, plus any the caller names:
-// data order, augmentation). Training resumed from a checkpoint reproduces the uninterrupted run's losses bit for bit.
+// rate), the epoch and step, and the state of random generators (the model's own, one per layer that draws at run
+// time such as dropout, plus any the caller names: data order, augmentation). Training resumed from a checkpoint
+// reproduces the uninterrupted run's losses bit for bit.
 //
 //   kiln::io::save_checkpoint("run.ckpt", net, opt, {.epoch = e, .step = s, .generators = {{"data", data_rng.state()}}});
 //   auto state = kiln::io::load_checkpoint("run.ckpt", net, opt);   // a fresh model and optimizer of the same kind
@@ -10,7 +11,8 @@
 // Layout: the weights under their own names; optimizer tensors under "optimizer.<slot>.<name>" (slot = position in
 // the optimizer's parameter list) and "optimizer.step" (I64, Adam); everything else in __metadata__ ("kiln.format"
 // = "checkpoint", "epoch", "step", "optimizer", "optimizer.lr", "optimizer.steps_taken", "optimizer.slot_sizes",
-// "rng.<name>" = "seed stream position"). load_weights reads a checkpoint's weights and skips the rest.
+// "rng.<name>" = "seed stream position", the model's k-th as "rng.model.<k>"; version 1 had one "rng.model" for all).
+// load_weights reads a checkpoint's weights and skips the rest.
 #pragma once
 
 #include <charconv>
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -56,10 +59,20 @@ struct checkpoint_state {
 };
 
 namespace detail {
+// The generators of a model's layers that draw at run time (static: a span of them; dynamic: pointers collected from
+// the modules), in layer order.
 template <class M>
-concept has_generator = requires(M& m) {
-  { m.generator() } -> std::convertible_to<random_generator&>;
-};
+std::vector<random_generator*> runtime_generators_of(M& model) {
+  std::vector<random_generator*> out;
+  if constexpr (requires { model.runtime_generators(); }) {
+    for (auto&& g : model.runtime_generators()) {
+      if constexpr (std::is_pointer_v<std::remove_cvref_t<decltype(g)>>) out.push_back(g);
+      else out.push_back(&g);
+    }
+  }
+  return out;
+}
+inline std::string model_generator_key(std::size_t k) { return "rng.model." + std::to_string(k); }
 template <class O>
 concept adam_like = requires(O& o) { o.state(); o.options().beta2; };
 template <class O>
@@ -152,7 +165,7 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
     file.add(name, tensor.view());
   }
   file.set_meta("kiln.format", "checkpoint");
-  file.set_meta("kiln.checkpoint_version", "1");
+  file.set_meta("kiln.checkpoint_version", "2");
   file.set_meta("epoch", std::to_string(state.epoch));
   file.set_meta("step", std::to_string(state.step));
   file.set_meta("optimizer", detail::optimizer_kind(optimizer));
@@ -182,10 +195,12 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
     for (std::size_t i = 0; i < buffers.size(); ++i)
       if (buffers[i].size()) detail::add_state_buffer<P>(file, detail::slot_name(i, "momentum_buffer"), buffers[i]);
   }
-  if constexpr (detail::has_generator<M>)
-    file.set_meta("rng.model", detail::generator_text(const_cast<M&>(model).generator().state()));
+  const auto model_generators = detail::runtime_generators_of(const_cast<M&>(model));
+  for (std::size_t k = 0; k < model_generators.size(); ++k)
+    file.set_meta(detail::model_generator_key(k), detail::generator_text(model_generators[k]->state()));
   for (const auto& [name, s] : state.generators) {
-    if (name == "model" && detail::has_generator<M>) fail("save_checkpoint: the generator name 'model' is reserved");
+    if (name == "model" || name.rfind("model.", 0) == 0)
+      fail("save_checkpoint: generator names 'model' and 'model.*' are reserved (found '", name, "')");
     file.set_meta("rng." + name, detail::generator_text(s));
   }
   for (const auto& [k, v] : state.metadata) {
@@ -271,23 +286,42 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
   checkpoint_state state;
   state.epoch = detail::parse_integer(need("epoch"), "epoch", source);
   state.step = detail::parse_integer(need("step"), "step", source);
-  std::optional<random_generator::state_type> model_rng;
+  const auto model_generators = detail::runtime_generators_of(model);
+  std::vector<std::optional<random_generator::state_type>> model_states(model_generators.size());
+  std::optional<random_generator::state_type> version1_model_state;
   for (const auto& [k, v] : file.metadata) {
     if (k.rfind("rng.", 0) == 0) {
       auto s = detail::parse_generator(v, k, source);
-      if (k == "rng.model" && detail::has_generator<M>) model_rng = s;
-      else state.generators.emplace_back(k.substr(4), s);
+      if (k == "rng.model") {
+        version1_model_state = s;
+      } else if (k.rfind("rng.model.", 0) == 0) {
+        std::size_t index = 0;
+        auto digits = std::string_view(k).substr(10);
+        auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+        if (ec != std::errc{} || end != digits.data() + digits.size() || index >= model_states.size())
+          fail("checkpoint '", source, "': generator state '", k, "' names no layer of this model, which has ",
+               model_states.size(), " layer(s) that draw at run time");
+        model_states[index] = s;
+      } else {
+        state.generators.emplace_back(k.substr(4), s);
+      }
     } else if (k != "kiln.format" && k != "kiln.checkpoint_version" && k != "epoch" && k != "step" &&
                k.rfind("optimizer", 0) != 0) {
       state.metadata.emplace_back(k, v);
     }
   }
-  if constexpr (detail::has_generator<M>)
-    if (!model_rng) fail("checkpoint '", source, "': the model's generator state 'rng.model' is missing");
+  // Version 1 saved one generator for all of a static model's dropout layers, on the stream the first of them now
+  // has: it resumes a model with one such layer exactly, and none can be resumed for more.
+  if (version1_model_state && model_states.size() == 1 && !model_states[0]) model_states[0] = version1_model_state;
+  for (std::size_t k = 0; k < model_states.size(); ++k)
+    if (!model_states[k])
+      fail("checkpoint '", source, "': expected the state of generator '", detail::model_generator_key(k),
+           "' (layer ", k, " of the ", model_states.size(), " that draw at run time), found none",
+           version1_model_state ? " (a version 1 checkpoint resumes models with at most one such layer)" : "");
 
   // Everything checked: apply.
   model.load_state_dict(weights);
-  if constexpr (detail::has_generator<M>) model.generator().set_state(*model_rng);
+  for (std::size_t k = 0; k < model_generators.size(); ++k) model_generators[k]->set_state(*model_states[k]);
   optimizer.set_lr(lr);
   optimizer.set_steps_taken(steps_taken);
   if constexpr (detail::adam_like<O>) {

@@ -1,6 +1,7 @@
 // Dropout (PyTorch's): in training each element is zeroed with probability p and the survivors scaled by 1 / (1 - p)
-// (inverted dropout); in evaluation it is the identity. Masks come from the counter-based generator (static mode:
-// the Sequential's, in layer order; dynamic mode: the module's), so one seed fixes them.
+// (inverted dropout); in evaluation it is the identity. Masks come from the counter-based generator the layer owns
+// (the k-th dropout of a model draws from stream runtime_stream_base + k of its seed, in both modes), so one seed
+// fixes them and two dropout layers never share numbers.
 #pragma once
 
 #include <cstdio>
@@ -43,6 +44,7 @@ struct Dropout {
     static constexpr index_t param_count = 0;
     static constexpr index_t scratch_per_sample = In::size;  // the mask
     static constexpr bool aliases_input = false;
+    static constexpr bool draws_at_run_time = true;
 
     template <class T>
     static void init(T*, random_generator&) {}

@@ -10,7 +10,7 @@ namespace kiln {
 struct layer_context {
   index_t batch = 0;
   bool training = true;
-  random_generator* rng = nullptr;  // for layers that draw (dropout): they take their numbers from it in order
+  random_generator* rng = nullptr;  // the layer's own generator, for layers that draw at run time (dropout)
 };
 
 // The interface of a static layer type L, bound to its input shape as L::bind<In> (see layers/dense.hpp):
@@ -19,6 +19,8 @@ struct layer_context {
 //   buffer_count (optional)     non-trainable state (running statistics) in the flat buffer of buffers
 //   scratch_per_sample          per-sample memory kept from forward to backward (pre-activations, masks, statistics)
 //   aliases_input               the output is the input buffer under another shape (Flatten): no copy, no memory
+//   draws_at_run_time (optional) true for layers that draw random numbers in training (dropout): the Sequential gives
+//                               each such layer a generator of its own, the k-th on stream runtime_stream_base + k
 //   init(params, rng), init_buffers(buffers) (optional)
 //   forward<Policy>(params, buffers, x, y, scratch, ctx, fuse)
 //   backward<Policy>(params, x, y, dy, dx or null, dparams, scratch, ctx)   dy may be overwritten

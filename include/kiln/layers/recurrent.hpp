@@ -368,6 +368,8 @@ struct recurrent_layer {
                                                                                : 0;
     static constexpr index_t scratch_per_sample = plan1.saved_size + plan1.temp_size + select_size;
     static constexpr bool aliases_input = false;
+    // Dropout between stacked layers draws masks with a generator of the layer's own.
+    static constexpr bool draws_at_run_time = dims.has_dropout(0);
 
     template <class T>
     static void init(T* params, random_generator& rng) {

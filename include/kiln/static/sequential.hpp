@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -62,6 +63,11 @@ constexpr index_t buffer_count_of() {
 }
 template <class L>
 concept has_fused_activation = requires { L::fused_activation; };
+template <class B>
+constexpr bool draws_at_run_time() {
+  if constexpr (requires { B::draws_at_run_time; }) return B::draws_at_run_time;
+  else return false;
+}
 // An optimizer that names its policy must name the model's (its kernels read the model's memory).
 template <class O, class P>
 concept optimizer_for_policy = !requires { typename O::policy; } || std::is_same_v<typename O::policy, P>;
@@ -108,6 +114,19 @@ class Sequential {
     return offsets;
   }
   static constexpr auto buffer_offsets = compute_buffer_offsets(std::make_index_sequence<layer_count>{});
+  // The k-th layer that draws at run time owns generators_[k]: runtime_index[I] is layer I's k (read only for layers
+  // that draw), runtime_index[layer_count] the number of such layers.
+  template <std::size_t... I>
+  static constexpr std::array<std::size_t, layer_count + 1> compute_runtime_index(std::index_sequence<I...>) {
+    std::array<std::size_t, layer_count + 1> index{};
+    bool draws[] = {detail::draws_at_run_time<bound<I>>()...};
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < layer_count; ++i) index[i] = draws[i] ? k++ : 0;
+    index[layer_count] = k;
+    return index;
+  }
+  static constexpr auto runtime_index = compute_runtime_index(std::make_index_sequence<layer_count>{});
+  static constexpr std::size_t runtime_generator_count = runtime_index[layer_count];
   template <std::size_t... I>
   static constexpr bool all_alias(std::index_sequence<I...>) {
     return (bound<I>::aliases_input && ...);
@@ -124,7 +143,7 @@ class Sequential {
   // Plans and allocates everything for batches of up to max_batch samples, initialising the k-th layer that has
   // parameters from random_generator(seed).fork(k), like dynamic mode after kiln::manual_seed(seed).
   explicit Sequential(index_t max_batch, std::uint64_t seed = 0, static_options options = {})
-      : max_batch_(max_batch), options_(options), rng_(seed, std::uint64_t{1} << 62) {
+      : max_batch_(max_batch), options_(options) {
     if (max_batch <= 0) fail("Sequential: expected a positive maximum batch, found ", max_batch);
     params_ = policy_buffer<T>(flat_parameter_size);
     grads_ = policy_buffer<T>(flat_parameter_size);
@@ -164,7 +183,8 @@ class Sequential {
       upload(host_params.data(), params_.data(), flat_parameter_size);
       upload(host_buffers.data(), buffers_.data(), flat_buffer_size);
     }
-    rng_ = random_generator(seed, std::uint64_t{1} << 62);
+    std::uint64_t runtime_stream = runtime_stream_base;
+    for (auto& generator : generators_) generator = random_generator(seed, runtime_stream++);
   }
 
   index_t max_batch() const { return max_batch_; }
@@ -233,7 +253,7 @@ class Sequential {
                           Optimizer& optimizer, T* loss_out) {
     index_t batch = check_input(x, "Sequential::enqueue_train_step");
     check_target<Loss>(target, batch);
-    layer_context ctx{batch, true, &rng_};
+    layer_context ctx{batch, true};
     run_forward(x.data(), ctx);
     loss.template forward_backward_into<Policy>(output_pointer(), target.data(), output_grad_, batch,
                                                 output_shape::size, loss_out);
@@ -315,9 +335,11 @@ class Sequential {
     return n;
   }
 
-  // The generator of layers that draw at run time (dropout masks); a checkpoint saves and restores its state.
-  random_generator& generator() { return rng_; }
-  const random_generator& generator() const { return rng_; }
+  // The generators of the layers that draw at run time (dropout masks), one per such layer in layer order, on the
+  // streams a dynamic model built after kiln::manual_seed with the same seed gives its modules; a checkpoint saves
+  // and restores their states.
+  std::span<random_generator> runtime_generators() { return generators_; }
+  std::span<const random_generator> runtime_generators() const { return generators_; }
 
   // Every parameter tensor with PyTorch's Sequential names ("1.weight"): a Dense with a fused activation counts as
   // two modules, Linear then the activation, as in the equivalent torch.nn.Sequential. Offsets are into the flat
@@ -539,13 +561,13 @@ class Sequential {
   }
 
   tensor_view<const T> forward_batch(const T* x, index_t batch) {
-    layer_context ctx{batch, training_, &rng_};
+    layer_context ctx{batch, training_};
     run_forward(x, ctx);
     return {output_pointer(), output_shape::batch_shape(batch)};
   }
   template <class Loss, class Target>
   T forward_backward_batch(const T* x, const Target* target, index_t batch, const Loss& loss) {
-    layer_context ctx{batch, true, &rng_};
+    layer_context ctx{batch, true};
     run_forward(x, ctx);
     T value = loss.template forward_backward<Policy>(output_pointer(), target, output_grad_, batch, output_shape::size);
     run_backward(ctx);
@@ -553,7 +575,7 @@ class Sequential {
   }
   template <class Loss, class Target>
   T loss_value_batch(const T* x, const Target* target, index_t batch, const Loss& loss) {
-    layer_context ctx{batch, false, &rng_};
+    layer_context ctx{batch, false};
     run_forward(x, ctx);
     return loss.template forward_backward<Policy>(output_pointer(), target, static_cast<T*>(nullptr), batch,
                                                   output_shape::size);
@@ -578,7 +600,7 @@ class Sequential {
     training_ = false;
     for (index_t first = 0; first < samples; first += max_batch_) {
       index_t count = std::min(max_batch_, samples - first);
-      layer_context ctx{count, false, &rng_};
+      layer_context ctx{count, false};
       const T* chunk = x.data() + first * input_shape::size;
       if (!resident_input) chunk = stage_input(tensor_view<const T>(chunk, input_shape::batch_shape(count)), count);
       run_forward(chunk, ctx);
@@ -597,7 +619,7 @@ class Sequential {
       using B = bound<I>;
       T* out = B::aliases_input ? const_cast<T*>(in) : activations_[I];
       B::template forward<Policy>(params_.data() + param_offsets[I], buffers_.data() + buffer_offsets[I], in, out,
-                                  scratch_[I], ctx, options_.fuse_epilogues);
+                                  scratch_[I], context_of<I>(ctx), options_.fuse_epilogues);
       inputs_[I] = in;
       outputs_[I] = out;
       in = out;
@@ -615,8 +637,16 @@ class Sequential {
     using B = bound<I>;
     if constexpr (!B::aliases_input) {
       B::template backward<Policy>(params_.data() + param_offsets[I], inputs_[I], outputs_[I], gradients_[I],
-                                   input_gradients_[I], grads_.data() + param_offsets[I], scratch_[I], ctx);
+                                   input_gradients_[I], grads_.data() + param_offsets[I], scratch_[I],
+                                   context_of<I>(ctx));
     }
+  }
+  // The context layer I sees: the pass's, with the layer's own generator if it draws.
+  template <std::size_t I>
+  layer_context context_of(const layer_context& ctx) {
+    layer_context own = ctx;
+    if constexpr (detail::draws_at_run_time<bound<I>>()) own.rng = &generators_[runtime_index[I]];
+    return own;
   }
 
   const T* output_pointer() const { return output_; }
@@ -644,7 +674,7 @@ class Sequential {
   static_options options_;
   bool training_ = true;
   policy_buffer<T> params_, grads_, buffers_;
-  random_generator rng_;
+  std::array<random_generator, runtime_generator_count> generators_;
   policy_buffer<T> workspace_;
   // Staging for host batches on device policies (empty on the CPU): see plan_staging.
   policy_buffer<T> input_stage_, target_stage_;

@@ -143,14 +143,14 @@ class basic_layer_norm : public basic_module<T> {
   T eps_;
 };
 
-// Masks come from the module's own generator: stream 2^62 of the kiln::manual_seed seed current at construction,
-// the stream a static Sequential's dropout layers draw from (so a model with one Dropout gets the same masks in
-// both modes).
+// Masks come from the module's own generator, kiln::next_runtime_generator() at construction: the k-th Dropout (or
+// other module that draws at run time) after kiln::manual_seed(S) draws from stream runtime_stream_base + k of S, as
+// the k-th such layer of a static Sequential with seed S does, so both modes draw the same masks.
 template <class T>
 class basic_dropout : public basic_module<T> {
  public:
   explicit basic_dropout(T p = T(0.5))
-      : p_(p), rng_(global_init_streams().seed, std::uint64_t{1} << 62) {
+      : p_(p), rng_(next_runtime_generator()) {
     if (!(p >= T(0) && p <= T(1))) fail("Dropout: expected p in [0, 1], found ", p);
   }
   basic_variable<T> forward(const basic_variable<T>& x) override { return dropout(x, p_, this->is_training(), rng_); }
@@ -162,6 +162,9 @@ class basic_dropout : public basic_module<T> {
   }
   random_generator& generator() { return rng_; }
   T p() const { return p_; }
+
+ protected:
+  random_generator* own_runtime_generator() override { return &rng_; }
 
  private:
   T p_;

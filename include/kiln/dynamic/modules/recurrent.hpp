@@ -69,7 +69,8 @@ class basic_recurrent : public basic_module<T> {
       detail::retain(flat);
     }
     random_generator rng = this->take_init_generator();
-    dropout_rng_ = random_generator(rng.state().seed, rng.state().stream | (std::uint64_t{1} << 61));
+    // Dropout between stacked layers draws from a generator of its own, as the static layer's does.
+    if (dims_.has_dropout(0)) dropout_rng_ = next_runtime_generator();
     reset_parameters(rng);
   }
 
@@ -115,6 +116,8 @@ class basic_recurrent : public basic_module<T> {
   const variable& flat_parameters() const { return flat_; }
 
  protected:
+  random_generator* own_runtime_generator() override { return dims_.has_dropout(0) ? &dropout_rng_ : nullptr; }
+
   rnn_dims dims_;
   variable flat_;
   random_generator dropout_rng_;

@@ -101,6 +101,22 @@ class basic_sequential : public basic_module<T> {
     std::sort(streams.begin(), streams.end());
     for (std::size_t i = 0; i < origins.size(); ++i)
       if (origins[i].stream != streams[i]) origins[i].module->reinitialize_from(origins[i].seed, streams[i]);
+    restore_runtime_order();
+  }
+  // The same for the streams of modules that draw at run time (each keeps its position).
+  void restore_runtime_order() {
+    auto generators = this->runtime_generators();
+    std::vector<std::uint64_t> streams;
+    for (auto* g : generators) {
+      if (g->state().seed != generators.front()->state().seed) return;
+      streams.push_back(g->state().stream);
+    }
+    std::sort(streams.begin(), streams.end());
+    for (std::size_t i = 0; i < generators.size(); ++i) {
+      auto state = generators[i]->state();
+      state.stream = streams[i];
+      generators[i]->set_state(state);
+    }
   }
 
   template <class M>

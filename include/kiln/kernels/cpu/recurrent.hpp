@@ -13,12 +13,16 @@
 
 namespace kiln::kernels::cpu {
 
+// The cell kernels are never inlined: GCC contracts a*b + c into FMAs differently in each place a body is inlined
+// into (-ffp-contract=fast is its GNU default), so a static layer and a dynamic module calling the same kernel could
+// round differently. One out-of-line body per type keeps the two modes bit-identical; a call per time step costs
+// nothing beside the step's GEMM.
 struct recurrent_kernels {
   // LSTM step, element-wise half. gates (batch x 4H, row stride 4H) holds the pre-activations
   // x W_ih^T + b_ih + h W_hh^T + b_hh on entry and the activations (i, f, g, o) on exit (kept for the backward).
   // c_prev (row stride ld_c_prev; null: zeros) -> c (batch x H, contiguous); h (row stride ld_h) = o * tanh(c).
   template <class T>
-  static void lstm_cell_forward(index_t batch, index_t hidden, T* gates, const T* c_prev, index_t ld_c_prev, T* c,
+  KILN_NOINLINE static void lstm_cell_forward(index_t batch, index_t hidden, T* gates, const T* c_prev, index_t ld_c_prev, T* c,
                                 T* h, index_t ld_h) {
     const index_t H = hidden;
     for (index_t b = 0; b < batch; ++b) {
@@ -45,7 +49,7 @@ struct recurrent_kernels {
   // from the layer's output, dh (batch x H) the gradient reaching h from the next time step; dc (batch x H) holds
   // dL/dc from the next step on entry and dL/dc_prev on exit.
   template <class T>
-  static void lstm_cell_backward(index_t batch, index_t hidden, T* gates, const T* c_prev, index_t ld_c_prev,
+  KILN_NOINLINE static void lstm_cell_backward(index_t batch, index_t hidden, T* gates, const T* c_prev, index_t ld_c_prev,
                                  const T* c, const T* dy, index_t ld_dy, const T* dh, T* dc) {
     const index_t H = hidden;
     for (index_t b = 0; b < batch; ++b) {
@@ -76,7 +80,7 @@ struct recurrent_kernels {
   // and hn_saved (batch x H) the recurrent part of n, W_hn h + b_hn, for the backward. h_prev (stride ld_h_prev;
   // null: zeros) -> h (stride ld_h).
   template <class T>
-  static void gru_cell_forward(index_t batch, index_t hidden, T* gx, const T* gh, const T* h_prev, index_t ld_h_prev,
+  KILN_NOINLINE static void gru_cell_forward(index_t batch, index_t hidden, T* gx, const T* gh, const T* h_prev, index_t ld_h_prev,
                                T* hn_saved, T* h, index_t ld_h) {
     const index_t H = hidden;
     for (index_t b = 0; b < batch; ++b) {
@@ -103,7 +107,7 @@ struct recurrent_kernels {
   // dL/d(h W_hh^T + b_hh). dy (stride ld_dy; null: zeros) and dh (batch x H, from the next step) are the gradients
   // reaching h; dh receives the direct part of dL/dh_prev (z * dL/dh), to which the caller adds dgh W_hh.
   template <class T>
-  static void gru_cell_backward(index_t batch, index_t hidden, T* gx, const T* hn_saved, const T* h_prev,
+  KILN_NOINLINE static void gru_cell_backward(index_t batch, index_t hidden, T* gx, const T* hn_saved, const T* h_prev,
                                 index_t ld_h_prev, const T* dy, index_t ld_dy, T* dh, T* dgh) {
     const index_t H = hidden;
     for (index_t b = 0; b < batch; ++b) {
