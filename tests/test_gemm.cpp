@@ -114,10 +114,12 @@ struct size3 {
 };
 
 // Odd sizes around the register and cache blocks (mr = 8, nr = 32, kc = 512 for float on AVX-512), tiny direct-path
-// sizes and the MLP's own shapes.
-const size3 sizes[] = {{1, 1, 1},    {1, 8, 8},     {3, 17, 5},    {17, 31, 3},   {8, 32, 16},   {31, 65, 17},
-                       {65, 33, 130}, {9, 257, 31},  {130, 17, 257}, {64, 128, 10}, {33, 49, 600}, {17, 40, 1100},
-                       {257, 65, 65}};
+// sizes, the MLP's own shapes, and skinny ones whose A or B panels are read in place (one column panel: the seed
+// regression's forward 1000 x 10 x 100; one or two row panels: its weight gradient 10 x 100 x 1000).
+const size3 sizes[] = {{1, 1, 1},     {1, 8, 8},     {3, 17, 5},     {17, 31, 3},    {8, 32, 16},
+                       {31, 65, 17},  {65, 33, 130}, {9, 257, 31},   {130, 17, 257}, {64, 128, 10},
+                       {33, 49, 600}, {17, 40, 1100}, {257, 65, 65}, {1000, 10, 100}, {10, 100, 1000},
+                       {12, 48, 300}, {200, 7, 60},   {5, 64, 700}};
 
 template <class T>
 void check_all_sizes() {
@@ -189,7 +191,9 @@ TEST_CASE_TEMPLATE("gemm with k = 0 gives act(beta * C + bias); m or n = 0 is a 
 
 TEST_CASE_TEMPLATE("gemm is bitwise identical across thread counts and calls", T, float, double) {
   const int saved = num_threads();
-  for (const auto& s : {size3{64, 128, 784}, size3{130, 257, 100}, size3{65, 784, 128}, size3{40, 300, 1100}}) {
+  // {20, 100, 300}: B panels packed on one thread (4 row panels) and read in place on two (2 each).
+  for (const auto& s : {size3{64, 128, 784}, size3{130, 257, 100}, size3{65, 784, 128}, size3{40, 300, 1100},
+                        size3{1000, 10, 100}, size3{10, 100, 1000}, size3{20, 100, 300}}) {
     for (int t = 0; t < 4; ++t) {
       problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 3, 900 + std::uint64_t(t));
       const epilogue<T> ep{pr.bias.data(), activation::leaky_relu, T(0.2)};

@@ -210,6 +210,14 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
   T* b_packed = reinterpret_cast<T*>(scratch);
   T* a_packed = reinterpret_cast<T*>(scratch + b_bytes);
 
+  // Packing copies a panel so that the micro-kernel streams it from contiguous memory; it pays off only for a panel
+  // used several times. An A micro-panel is used once per B panel of the block, and a B panel once per A micro-panel:
+  // skinny products (a Dense layer with 10 outputs over a batch of 1000, or its weight gradient) use one of the two
+  // only once or twice, and then it is read in place. Full-width B panels only, so that no load runs past a row. A
+  // transposed A whose rows are short (a Dense layer's output gradient read for its weight gradient) already lies
+  // almost as a packed panel does, in a few consecutive cache lines per step of k: it is never packed.
+  const bool a_in_place = ceil_div(std::min(nc_max, j1 - j0), nr) == 1 || (g.transpose_a && g.lda <= 2 * mr);
+  const bool b_in_place = !g.transpose_b && ceil_div(i1 - i0, index_t(mr)) <= 2;
   const epilogue<T>& ep = *g.ep;
   for (index_t jc = j0; jc < j1; jc += nc_max) {
     const index_t nc = std::min(nc_max, j1 - jc);
@@ -218,18 +226,30 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
       const index_t kc = std::min(kc_max, g.k - pc);
       for (index_t q = 0; q < n_panels; ++q) {
         const int cols = int(std::min<index_t>(nr, nc - q * nr));
-        pack_b<T, nr>(g.transpose_b, g.b_at(pc, jc + q * nr), g.ldb, cols, kc, b_packed + q * kc * nr);
+        if (!(b_in_place && cols == nr))
+          pack_b<T, nr>(g.transpose_b, g.b_at(pc, jc + q * nr), g.ldb, cols, kc, b_packed + q * kc * nr);
       }
       tile_epilogue<T> tile{g.alpha, g.beta, nullptr, ep.act, ep.slope, pc == 0, pc + kc == g.k};
       for (index_t ic = i0; ic < i1; ic += mr) {
         const int rows = int(std::min<index_t>(mr, i1 - ic));
-        pack_a<T, mr>(g.transpose_a, g.a_at(ic, pc), g.lda, rows, kc, a_packed);
+        const T* a_panel = a_packed;
+        index_t a_row = 1, a_step = mr;
+        if (a_in_place) {
+          a_panel = g.a_at(ic, pc);
+          a_row = g.transpose_a ? 1 : g.lda;
+          a_step = g.transpose_a ? g.lda : 1;
+        } else {
+          pack_a<T, mr>(g.transpose_a, g.a_at(ic, pc), g.lda, rows, kc, a_packed);
+        }
         for (index_t q = 0; q < n_panels; ++q) {
           const index_t j = jc + q * nr;
           const int cols = int(std::min<index_t>(nr, nc - q * nr));
+          const bool b_direct = b_in_place && cols == nr;
+          const T* b_panel = b_direct ? g.b_at(pc, j) : b_packed + q * kc * nr;
+          const panel_strides strides{a_row, a_step, b_direct ? g.ldb : index_t(nr)};
           tile.bias = ep.bias ? ep.bias + j : nullptr;
-          select_micro_kernel<T>(rows, int(ceil_div(cols, width)))(kc, a_packed, b_packed + q * kc * nr,
-                                                                   g.c + ic * g.ldc + j, g.ldc, cols, tile);
+          select_micro_kernel<T>(rows, int(ceil_div(cols, width)), a_in_place || b_direct)(
+              kc, a_panel, b_panel, strides, g.c + ic * g.ldc + j, g.ldc, cols, tile);
         }
       }
     }

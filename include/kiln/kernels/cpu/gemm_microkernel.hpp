@@ -185,7 +185,22 @@ struct simd<float> {
   static KILN_ALWAYS_INLINE reg load(const float* p) { return _mm256_loadu_ps(p); }
   static KILN_ALWAYS_INLINE reg load_n(const float* p, int n) { return _mm256_maskload_ps(p, first(n)); }
   static KILN_ALWAYS_INLINE void store(float* p, reg x) { _mm256_storeu_ps(p, x); }
-  static KILN_ALWAYS_INLINE void store_n(float* p, reg x, int n) { _mm256_maskstore_ps(p, first(n), x); }
+  // The first n (< 8) lanes by plain 4-, 2- and 1-lane stores: vmaskmovps stores are microcoded on AMD's Zen (tens of
+  // cycles each), and a 10-wide Dense output ends every row of every tile with one.
+  static KILN_ALWAYS_INLINE void store_n(float* p, reg x, int n) {
+    __m128 part = _mm256_castps256_ps128(x);
+    if (n & 4) {
+      _mm_storeu_ps(p, part);
+      part = _mm256_extractf128_ps(x, 1);
+      p += 4;
+    }
+    if (n & 2) {
+      _mm_storel_pi(reinterpret_cast<__m64*>(p), part);
+      part = _mm_movehl_ps(part, part);
+      p += 2;
+    }
+    if (n & 1) _mm_store_ss(p, part);
+  }
   static KILN_ALWAYS_INLINE reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static KILN_ALWAYS_INLINE reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
   static KILN_ALWAYS_INLINE reg add(reg a, reg b) { return _mm256_add_ps(a, b); }
@@ -302,18 +317,27 @@ KILN_ALWAYS_INLINE void store_tile(Reg (&acc)[Rows][Vecs], T* c, index_t ldc, in
   }
 }
 
+// Where a micro-kernel reads its operands: element (r, p) of the A panel at a[r * a_row + p * a_step], row p of the
+// B panel at b + p * b_step. Packed panels have a_row = 1, a_step = mr, b_step = nr; a panel read in place (when
+// packing would cost more than it saves, see gemm_blocked) has the strides of the matrix it lies in.
+struct panel_strides {
+  index_t a_row, a_step, b_step;
+};
+
 // C tile (Rows x cols, cols <= Vecs * width) = epilogue(A panel * B panel) over kc steps of k.
-// a: packed A micro-panel, element (r, p) at a[p * mr + r]. b: packed B micro-panel, element (p, j) at b[p * nr + j],
-// zero beyond the real columns. Each accumulator is one FMA chain running p = 0, 1, ..., kc-1 in order, so every
-// element's sum has the same rounding whichever tile, thread or edge case computed it.
-template <class T, int Rows, int Vecs>
-KILN_NOINLINE void micro_kernel(index_t kc, const T* KILN_RESTRICT a, const T* KILN_RESTRICT b, T* c, index_t ldc,
-                                int cols, const tile_epilogue<T>& ep) {
+// Packed (InPlace false): a is a packed A micro-panel, element (r, p) at a[p * mr + r]; b a packed B micro-panel,
+// element (p, j) at b[p * nr + j], zero beyond the real columns. In place: the strides say where they are (B then
+// holds Vecs full vectors per row). Each accumulator is one FMA chain running p = 0, 1, ..., kc-1 in order, so every
+// element's sum has the same rounding whichever tile, thread, edge case or operand layout computed it.
+template <class T, int Rows, int Vecs, bool InPlace>
+KILN_NOINLINE void micro_kernel(index_t kc, const T* KILN_RESTRICT a, const T* KILN_RESTRICT b, panel_strides st,
+                                T* c, index_t ldc, int cols, const tile_epilogue<T>& ep) {
   using S = simd<T>;
   using Reg = typename S::reg;
   constexpr int W = S::width;
-  constexpr int mr = register_block<T>::mr;
-  constexpr int nr = register_block<T>::nr;
+  const index_t a_row = InPlace ? st.a_row : 1;
+  const index_t a_step = InPlace ? st.a_step : register_block<T>::mr;
+  const index_t b_step = InPlace ? st.b_step : register_block<T>::nr;
   Reg acc[Rows][Vecs];
 #pragma GCC unroll 16
   for (int r = 0; r < Rows; ++r)
@@ -326,33 +350,36 @@ KILN_NOINLINE void micro_kernel(index_t kc, const T* KILN_RESTRICT a, const T* K
     for (int v = 0; v < Vecs; ++v) bv[v] = S::load(b + v * W);
 #pragma GCC unroll 16
     for (int r = 0; r < Rows; ++r) {
-      const Reg av = S::set1(a[r]);
+      const Reg av = S::set1(a[r * a_row]);
 #pragma GCC unroll 4
       for (int v = 0; v < Vecs; ++v) acc[r][v] = S::fmadd(av, bv[v], acc[r][v]);
     }
-    a += mr;
-    b += nr;
+    a += a_step;
+    b += b_step;
   }
   store_tile<T, Rows, Vecs>(acc, c, ldc, cols, ep);
 }
 
 // The micro-kernel for a tile of `rows` (1..mr) by `vecs` (1..register_block::vecs) vectors, chosen at run time.
 template <class T>
-using micro_kernel_fn = void (*)(index_t, const T*, const T*, T*, index_t, int, const tile_epilogue<T>&);
+using micro_kernel_fn = void (*)(index_t, const T*, const T*, panel_strides, T*, index_t, int, const tile_epilogue<T>&);
 
-template <class T, int... R>
-constexpr auto make_micro_kernel_table(std::integer_sequence<int, R...>) {
-  struct table {
-    micro_kernel_fn<T> fn[sizeof...(R)][2];
-  };
-  return table{{{&micro_kernel<T, R + 1, 1>, &micro_kernel<T, R + 1, 2>}...}};
+template <class T>
+struct micro_kernel_table {
+  micro_kernel_fn<T> fn[register_block<T>::mr][2];
+};
+template <class T, bool InPlace, int... R>
+constexpr micro_kernel_table<T> make_micro_kernel_table(std::integer_sequence<int, R...>) {
+  return {{{&micro_kernel<T, R + 1, 1, InPlace>, &micro_kernel<T, R + 1, 2, InPlace>}...}};
 }
 
 template <class T>
-KILN_ALWAYS_INLINE micro_kernel_fn<T> select_micro_kernel(int rows, int vecs) {
+KILN_ALWAYS_INLINE micro_kernel_fn<T> select_micro_kernel(int rows, int vecs, bool in_place) {
   static_assert(register_block<T>::vecs == 2);
-  static constexpr auto table = make_micro_kernel_table<T>(std::make_integer_sequence<int, register_block<T>::mr>{});
-  return table.fn[rows - 1][vecs - 1];
+  using rows_sequence = std::make_integer_sequence<int, register_block<T>::mr>;
+  static constexpr auto packed = make_micro_kernel_table<T, false>(rows_sequence{});
+  static constexpr auto strided = make_micro_kernel_table<T, true>(rows_sequence{});
+  return (in_place ? strided : packed).fn[rows - 1][vecs - 1];
 }
 
 }  // namespace kiln::kernels::cpu::gemm_detail

@@ -72,8 +72,8 @@ KILN_ALWAYS_INLINE void copy_padded(const T* src, index_t src_stride, int count,
   for (; r < Panel; ++r) dst[r] = T(0);
 }
 
-// copy_padded for unit stride: `count` (< Panel) contiguous values, then zeros. With AVX-512, masked loads and stores
-// (a masked-off element is never read, so nothing past src[count - 1] is touched). Written as a plain loop, GCC turns
+// copy_padded for unit stride: `count` (< Panel) contiguous values, then zeros. With AVX-512 (or AVX2), masked loads
+// and stores (a masked-off element is never read, so nothing past src[count - 1] is touched). Written as a plain loop, GCC turns
 // it into memcpy and memset calls, which for the few values of a narrow panel cost more than the copy: they took a
 // quarter of the seed regression's step (N = 10 and 1 columns, per packed k).
 template <class T, int Panel>
@@ -89,6 +89,15 @@ KILN_ALWAYS_INLINE void copy_padded_contiguous(const T* src, int count, T* KILN_
         _mm512_mask_storeu_ps(dst + g, __mmask16(store_mask), _mm512_maskz_loadu_ps(__mmask16(load_mask), src + g));
       else
         _mm512_mask_storeu_pd(dst + g, __mmask8(store_mask), _mm512_maskz_loadu_pd(__mmask8(load_mask), src + g));
+    }
+    return;
+  }
+#elif defined(__AVX2__)
+  // The same with AVX2's masked loads (masked-off lanes read as zero) and plain stores of whole groups.
+  if constexpr (std::is_same_v<T, float> && Panel % 8 == 0) {
+    for (int g = 0; g < Panel; g += 8) {
+      const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(count - g), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      _mm256_storeu_ps(dst + g, _mm256_maskload_ps(src + g, mask));
     }
     return;
   }
