@@ -5,6 +5,9 @@ splitmix64(s * 2**32 + i); uniform u = (z >> 11) * 2**-53; normal k uses element
 sqrt(-2 ln(1-u1)) cos(2 pi u2)). Every peer therefore trains on the same data from the same initial weights:
 Linear(in, out) weights (PyTorch layout [out, in]) and bias are U(-1/sqrt(in), 1/sqrt(in)), which is exactly the
 range of PyTorch's default init (Kaiming-uniform a=sqrt(5)); only the random stream differs from torch's own.
+mnist_cnn and lstm (init_tensors) fill each parameter tensor the same way, in PyTorch's layout and parameters()
+order, with PyTorch's default ranges: U(+-1/sqrt(fan_in)) for Conv2d (fan_in = in_channels * 3 * 3) and Linear,
+U(+-1/sqrt(hidden)) for every LSTM tensor.
 """
 import argparse
 import gzip
@@ -19,10 +22,14 @@ S_REG_X, S_REG_Y = 1, 2
 S_WIDE_X, S_WIDE_Y = 3, 4
 S_TINY_X = 5
 S_SHUFFLE = 6
-S_LAYER0 = 100  # layer k: weight stream 100 + 2k, bias stream 101 + 2k; per workload offset below
-WORKLOAD_OFFSET = {"seed_regression": 0, "mnist_mlp": 10, "wide_mlp": 20, "tiny_op": 30}
+S_LAYER0 = 100  # layer k: weight stream 100 + 2k, bias stream 101 + 2k (mnist_cnn, lstm: tensor k: 100 + k); + offset
+WORKLOAD_OFFSET = {"seed_regression": 0, "mnist_mlp": 10, "wide_mlp": 20, "tiny_op": 30, "mnist_cnn": 40, "lstm": 50}
 
-WORKLOADS = ["seed_regression", "mnist_mlp", "wide_mlp", "tiny_op"]
+WORKLOADS = ["seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm"]
+# mnist_cnn and lstm train, as bench/ladder does, on the first BATCHES[w] batches of 64 of one seeded epoch, cycling.
+BATCHES = {"mnist_cnn": 32, "lstm": 64}
+BATCH_SIZE = 64
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # the normalisation of bench/ladder's MNIST workloads
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -98,6 +105,32 @@ def layer_sizes(workload):
 def init_params(workload):
     sz = layer_sizes(workload)
     return [linear_init(workload, k, sz[k], sz[k + 1]) for k in range(len(sz) - 1)]
+
+
+def param_shapes(workload):
+    """mnist_cnn / lstm: [(shape, bound)] per parameter tensor, in PyTorch's layout and parameters() order."""
+    if workload == "mnist_cnn":  # Conv2d(1,32,3) Conv2d(32,64,3) Linear(9216,128) Linear(128,10), weight then bias
+        layers = [((32, 1, 3, 3), 9), ((64, 32, 3, 3), 32 * 9), ((128, 9216), 9216), ((10, 128), 128)]
+        return [t for shape, fan_in in layers
+                for t in ((shape, 1.0 / np.sqrt(fan_in)), ((shape[0],), 1.0 / np.sqrt(fan_in)))]
+    if workload == "lstm":  # LSTM(28, 128): weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0; Linear(128, 10)
+        b = 1.0 / np.sqrt(128)
+        return [((512, 28), b), ((512, 128), b), ((512,), b), ((512,), b), ((10, 128), b), ((10,), b)]
+    raise ValueError(workload)
+
+
+def init_tensors(workload):
+    """mnist_cnn / lstm initial parameters: tensor k is U(+-bound) from stream S_LAYER0 + offset + k."""
+    out = []
+    for k, (shape, bound) in enumerate(param_shapes(workload)):
+        u = uniform(S_LAYER0 + WORKLOAD_OFFSET[workload] + k, int(np.prod(shape)))
+        out.append(((2.0 * u - 1.0) * bound).astype(np.float32).reshape(shape))
+    return out
+
+
+def normalise_mnist(images):
+    """uint8 [n, 784] -> float32 scaled to [0, 1], then (x - 0.1307) / 0.3081, as bench/ladder's MNIST workloads."""
+    return (images.astype(np.float32) / np.float32(255.0) - np.float32(MNIST_MEAN)) / np.float32(MNIST_STD)
 
 
 def regression_data():
@@ -179,5 +212,39 @@ def reason_of(e):
 
 
 def default_steps(workload, quick):
-    return {"seed_regression": 200, "wide_mlp": 10 if quick else 20,
-            "tiny_op": 2000 if quick else 10000}.get(workload, 0)
+    """Timed steps per repetition; mnist_cnn and lstm as bench/ladder times them."""
+    return {"seed_regression": 200, "wide_mlp": 10 if quick else 20, "tiny_op": 2000 if quick else 10000,
+            "mnist_cnn": 3 if quick else 10, "lstm": 10 if quick else 40}.get(workload, 0)
+
+
+def warmup_steps(steps):
+    """Untimed steps before the repetitions of mnist_cnn and lstm: min(steps, 20), as bench/ladder."""
+    return min(steps, 20)
+
+
+class CycledTiming:
+    """mnist_cnn / lstm timing, as bench/ladder times them: step(x, y) on batch(0) (the first step, compilation
+    included, reported apart as `first`), warmup_steps untimed steps, then `reps` repetitions of `steps` steps over
+    batches 0..nb-1 cycled. `times` holds each repetition's mean step time and `data_us` each batch's assembly time
+    (timed apart), both in microseconds; `last` the last step's return value."""
+
+    def __init__(self, step, batch, nb, steps, reps):
+        import time
+        now = time.perf_counter
+        self.warmup = warmup_steps(steps)
+        t0 = now()
+        self.last = step(*batch(0))
+        self.first = now() - t0
+        for i in range(1, self.warmup):
+            self.last = step(*batch(i % nb))
+        self.times, self.data_us = [], []
+        for _ in range(reps):
+            total = 0.0
+            for i in range(steps):
+                t0 = now()
+                xb, yb = batch(i % nb)
+                t1 = now()
+                self.last = step(xb, yb)
+                total += now() - t1
+                self.data_us.append((t1 - t0) * 1e6)
+            self.times.append(total / steps * 1e6)

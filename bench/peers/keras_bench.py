@@ -66,6 +66,40 @@ def build(workload):
     return model
 
 
+def build_net(workload):
+    """mnist_cnn / lstm carrying common.init_tensors' weights (PyTorch's layouts and default ranges), converted.
+    mnist_cnn is channels_last, Keras' natural layout (input 28x28x1), so the first Dense takes the flattened
+    (h, w, c) features where PyTorch's takes (c, h, w): its rows are permuted to give the same function."""
+    t = C.init_tensors(workload)
+    L = keras.layers
+    if workload == "mnist_cnn":
+        model = keras.Sequential([keras.Input((28, 28, 1)), L.Conv2D(32, 3, activation="relu"),
+                                  L.Conv2D(64, 3, activation="relu"), L.MaxPooling2D(2), L.Flatten(),
+                                  L.Dense(128, activation="relu"), L.Dense(10)])
+        conv1, conv2, dense1, dense2 = [lay for lay in model.layers if lay.weights]
+        conv1.set_weights([t[0].transpose(2, 3, 1, 0), t[1]])  # [out, in, kh, kw] -> [kh, kw, in, out]
+        conv2.set_weights([t[2].transpose(2, 3, 1, 0), t[3]])
+        dense1.set_weights([t[4].reshape(128, 64, 12, 12).transpose(2, 3, 1, 0).reshape(9216, 128), t[5]])
+        dense2.set_weights([t[6].T, t[7]])
+    else:
+        # LSTM(128) returns its final hidden state; gates i, f, c, o in the order of PyTorch's i, f, g, o. Keras has
+        # one bias where PyTorch has bias_ih + bias_hh: it starts as their sum (and then gets one Adam update per
+        # step where PyTorch's pair gets two, so the losses part slightly).
+        model = keras.Sequential([keras.Input((28, 28)), L.LSTM(128), L.Dense(10)])
+        lstm, dense = [lay for lay in model.layers if lay.weights]
+        lstm.set_weights([t[0].T, t[1].T, t[2] + t[3]])
+        dense.set_weights([t[4].T, t[5]])
+    return model
+
+
+def net_data(workload):
+    """The training set normalised as bench/ladder's and shaped for the workload (NHWC for mnist_cnn), labels,
+    and the seeded epoch order."""
+    images, labels = C.load_mnist(args.data)
+    shape = (28, 28, 1) if workload == "mnist_cnn" else (28, 28)
+    return C.normalise_mnist(images).reshape((-1,) + shape), labels, C.permutation(len(labels))
+
+
 def loss_for(workload):
     if workload == "seed_regression":
         return keras.losses.MeanSquaredError()
@@ -134,6 +168,32 @@ def fit_mnist():
          first_step_s="%.3f" % (iv[0] / 1e6), samples=len(Y),
          note="step_us=median_interval_between_batches_incl_data_pipeline")
     C.result("keras_fit", VERSION, "mnist_mlp", args.threads, list(iv), -1, h.history["loss"][-1])
+
+
+def fit_batches(workload):
+    """mnist_cnn / lstm: one model.fit over the warm-up steps and then every repetition's `steps` steps (the
+    ladder's batches: the first BATCHES[workload] of the seeded epoch, cycled), so fit's own setup and compilation
+    fall on the first step only. A step is the interval between batch ends (data pipeline included, data_us=-1;
+    the callback makes fit wait for each batch's loss); a repetition's time is the mean over its steps."""
+    t0 = now()
+    X, Y, perm = net_data(workload)
+    nb, bs = C.BATCHES[workload], C.BATCH_SIZE
+    steps = args.steps or C.default_steps(workload, args.quick)
+    warmup = C.warmup_steps(steps)
+    order = [i % nb for i in range(warmup)] + [i % nb for _ in range(args.reps) for i in range(steps)]
+    idx = np.concatenate([perm[b * bs:(b + 1) * bs] for b in order])
+    Xs, Ys = X[idx], Y[idx]
+    info("keras_fit", workload, preload_s="%.3f" % (now() - t0))
+    model = build_net(workload)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=1e-8), loss=loss_for(workload))
+    cb = BatchTimes()
+    t0 = now()
+    h = model.fit(Xs, Ys, batch_size=bs, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    t = np.array(cb.t)
+    times = [(t[warmup - 1 + (r + 1) * steps] - t[warmup - 1 + r * steps]) / steps * 1e6 for r in range(args.reps)]
+    info("keras_fit", workload, first_step_s="%.3f" % (t[0] - t0), warmup_steps=warmup, steps=steps,
+         reps=args.reps, batches=nb, note="step_us=interval_between_batches_incl_data_pipeline")
+    C.result("keras_fit", VERSION, workload, args.threads, times, -1, h.history["loss"][-1])
 
 
 # ---------------------------------------------------------------- keras_loop
@@ -240,6 +300,26 @@ def loop_mnist():
     C.result("keras_loop", VERSION, "mnist_mlp", args.threads, st, float(np.median(dt)), lv)
 
 
+def loop_batches(workload):
+    """mnist_cnn / lstm: the jitted step over the ladder's batches (numpy fancy-index batch, timed apart, and a
+    per-step block_until_ready as in loop_mnist); warm-up, then repetitions of `steps` steps."""
+    t0 = now()
+    X, Y, perm = net_data(workload)
+    info("keras_loop", workload, preload_s="%.3f" % (now() - t0))
+    nb, bs = C.BATCHES[workload], C.BATCH_SIZE
+    model = build_net(workload)
+    step, _ = make_step(model, loss_for(workload), keras.optimizers.Adam(1e-3, epsilon=1e-8))
+
+    def batch(b):
+        idx = perm[b * bs:(b + 1) * bs]
+        return to_backend(X[idx]), to_backend(Y[idx])
+    steps = args.steps or C.default_steps(workload, args.quick)
+    t = C.CycledTiming(lambda xb, yb: sync(step(xb, yb)), batch, nb, steps, args.reps)
+    info("keras_loop", workload, first_step_s="%.3f" % t.first, warmup_steps=t.warmup, steps=steps, reps=args.reps,
+         batches=nb, mean_data_us="%.1f" % np.mean(t.data_us))
+    C.result("keras_loop", VERSION, workload, args.threads, t.times, float(np.median(t.data_us)), t.last)
+
+
 # ---------------------------------------------------------------- tiny_op
 def tiny(system):
     model = build("tiny_op")
@@ -287,6 +367,8 @@ def main():
                     (fit_fixed if system == "keras_fit" else loop_fixed)(w, x, y)
                 elif w == "mnist_mlp":
                     (fit_mnist if system == "keras_fit" else loop_mnist)()
+                elif w in C.BATCHES:
+                    (fit_batches if system == "keras_fit" else loop_batches)(w)
                 else:
                     tiny(system)
             except Exception as e:

@@ -41,7 +41,8 @@ torch::Tensor normal(uint64_t stream, int64_t rows, int64_t cols) {
 }
 
 int workload_offset(const std::string& w) {
-  return w == "seed_regression" ? 0 : w == "mnist_mlp" ? 10 : w == "wide_mlp" ? 20 : 30;
+  return w == "seed_regression" ? 0 : w == "mnist_mlp" ? 10 : w == "wide_mlp" ? 20 : w == "tiny_op" ? 30
+         : w == "mnist_cnn" ? 40 : 50;
 }
 
 std::vector<int64_t> layer_sizes(const std::string& w) {
@@ -72,6 +73,49 @@ torch::nn::Sequential build(const std::string& w) {
   }
   return seq;
 }
+
+// mnist_cnn and lstm (common.init_tensors): parameter tensor k, in parameters() order, is U(+-bound) from stream
+// S_LAYER0 + offset + k, with PyTorch's default bounds: 1/sqrt(fan_in) for Conv2d and Linear (a bias takes its
+// weight's), 1/sqrt(hidden) for every LSTM tensor.
+void init_from_streams(const std::string& w, const std::vector<torch::Tensor>& params) {
+  torch::NoGradGuard ng;
+  double bound = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const auto& p = params[k];
+    if (w == "lstm") bound = 1.0 / std::sqrt(128.0);
+    else if (p.dim() > 1) bound = 1.0 / std::sqrt(double(p.numel() / p.size(0)));
+    uint64_t s = S_LAYER0 + workload_offset(w) + k;
+    float* d = p.data_ptr<float>();
+    for (int64_t i = 0; i < p.numel(); ++i) d[i] = float((2.0 * uniform(s, uint64_t(i)) - 1.0) * bound);
+  }
+}
+
+// mnist_cnn: Conv2d(1,32,3) - ReLU - Conv2d(32,64,3) - ReLU - MaxPool 2 - Flatten (9216) - Linear(9216,128) - ReLU -
+// Linear(128,10), on 1x28x28 images.
+torch::nn::Sequential build_cnn() {
+  namespace nn = torch::nn;
+  nn::Sequential seq(nn::Conv2d(nn::Conv2dOptions(1, 32, 3)), nn::ReLU(), nn::Conv2d(nn::Conv2dOptions(32, 64, 3)),
+                     nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Flatten(), nn::Linear(9216, 128),
+                     nn::ReLU(), nn::Linear(128, 10));
+  init_from_streams("mnist_cnn", seq->parameters());
+  return seq;
+}
+
+// lstm: LSTM(28, 128, batch_first) over the image's 28 rows, its final hidden state into Linear(128, 10).
+struct LstmNetImpl : torch::nn::Module {
+  torch::nn::LSTM lstm{torch::nn::LSTMOptions(28, 128).batch_first(true)};
+  torch::nn::Linear fc{128, 10};
+  LstmNetImpl() {
+    register_module("lstm", lstm);
+    register_module("fc", fc);
+    init_from_streams("lstm", parameters());
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = std::get<0>(std::get<1>(lstm->forward(x)));  // [layers, batch, 128]
+    return fc->forward(h.select(0, -1));
+  }
+};
+TORCH_MODULE(LstmNet);
 
 std::vector<int64_t> permutation(int64_t n) {
   std::vector<uint64_t> key(n);
@@ -143,6 +187,8 @@ void result(const std::string& wl, const std::vector<double>& t, double data_us,
 int default_steps(const std::string& w) {
   if (w == "seed_regression") return 200;
   if (w == "wide_mlp") return A.quick ? 10 : 20;
+  if (w == "mnist_cnn") return A.quick ? 3 : 10;
+  if (w == "lstm") return A.quick ? 10 : 40;
   return A.quick ? 2000 : 10000;
 }
 
@@ -173,7 +219,13 @@ void run_fixed(const std::string& wl, torch::Tensor x, torch::Tensor y, bool mse
   result(wl, t, -1, loss.item<float>());
 }
 
-void run_mnist() {
+// The training set: images [n, 784] scaled to [0, 1], labels [n] int64, and the seeded epoch order.
+struct Mnist {
+  torch::Tensor X, Y, perm;
+  int64_t n;
+};
+
+Mnist load_mnist() {
   std::string dir = find_data(A.data);
   auto img = gunzip(dir + "/train-images-idx3-ubyte.gz");
   auto lab = gunzip(dir + "/train-labels-idx1-ubyte.gz");
@@ -183,6 +235,11 @@ void run_mnist() {
   auto Y = torch::from_blob(lab.data() + 8, {n}, torch::kUInt8).to(torch::kInt64);
   auto pv = permutation(n);
   auto perm = torch::from_blob(pv.data(), {n}, torch::kInt64).clone();
+  return {X, Y, perm, n};
+}
+
+void run_mnist() {
+  auto [X, Y, perm, n] = load_mnist();
 
   auto model = build("mnist_mlp");
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
@@ -209,6 +266,52 @@ void run_mnist() {
               "mean_data_us=%.1f samples=%lld\n", version().c_str(), A.threads, epoch, st.size(), sum_s / st.size(),
               sum_d / dt.size(), (long long)n);
   result("mnist_mlp", st, median(dt), loss.item<float>());
+}
+
+// mnist_cnn and lstm as bench/ladder times them: the first nb batches of 64 of the seeded epoch, cycled, normalised
+// with MNIST's mean and deviation; min(steps, 20) warm-up steps, then reps of `steps` steps. step_us is the median
+// over repetitions of the mean step time; each batch's index_select is timed apart (data_us, median per step).
+template <class Model>
+void run_batches(const std::string& wl, Model model, std::vector<int64_t> sample_shape) {
+  auto data = load_mnist();
+  sample_shape.insert(sample_shape.begin(), data.n);
+  auto X = data.X.sub_(0.1307).div_(0.3081).view(sample_shape);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  const int64_t bs = 64, nb = wl == "mnist_cnn" ? 32 : 64;
+  torch::Tensor xb, yb, loss;
+  auto batch = [&](int64_t b) {
+    auto idx = data.perm.slice(0, b * bs, (b + 1) * bs);
+    xb = X.index_select(0, idx);
+    yb = data.Y.index_select(0, idx);
+  };
+  auto step = [&] {
+    opt.zero_grad();
+    loss = torch::nn::functional::cross_entropy(model->forward(xb), yb);
+    loss.backward();
+    opt.step();
+  };
+  const int steps = A.steps > 0 ? A.steps : default_steps(wl), warmup = std::min(steps, 20);
+  for (int i = 0; i < warmup; ++i) {
+    batch(i % nb);
+    step();
+  }
+  std::vector<double> t, dt;
+  for (int r = 0; r < A.reps; ++r) {
+    double total = 0;
+    for (int i = 0; i < steps; ++i) {
+      double t0 = now();
+      batch(i % nb);
+      double t1 = now();
+      step();
+      total += now() - t1;
+      dt.push_back((t1 - t0) * 1e6);
+    }
+    t.push_back(total / steps * 1e6);
+  }
+  std::printf("INFO system=libtorch version=%s workload=%s threads=%d warmup_steps=%d steps=%d reps=%d batches=%lld "
+              "mean_data_us=%.1f\n", version().c_str(), wl.c_str(), A.threads, warmup, steps, A.reps, (long long)nb,
+              std::accumulate(dt.begin(), dt.end(), 0.0) / double(dt.size()));
+  result(wl, t, median(dt), loss.item<float>());
 }
 
 void run_tiny() {
@@ -241,7 +344,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(A.threads);
   at::set_num_interop_threads(A.threads);
   torch::manual_seed(0);
-  std::vector<std::string> wls = {"seed_regression", "mnist_mlp", "wide_mlp", "tiny_op"};
+  std::vector<std::string> wls = {"seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm"};
   if (A.workload != "all") {
     if (std::find(wls.begin(), wls.end(), A.workload) == wls.end()) { std::fprintf(stderr, "unknown workload %s\n", A.workload.c_str()); return 2; }
     wls = {A.workload};
@@ -255,6 +358,8 @@ int main(int argc, char** argv) {
       for (int64_t k = 0; k < 256; ++k) y.data_ptr<int64_t>()[k] = std::min<int64_t>(int64_t(uniform(S_WIDE_Y, k) * 10), 9);
       run_fixed(w, x, y, false);
     } else if (w == "mnist_mlp") run_mnist();
+    else if (w == "mnist_cnn") run_batches(w, build_cnn(), {1, 28, 28});
+    else if (w == "lstm") run_batches(w, LstmNet(), {28, 28});
     else run_tiny();
   }
   return 0;

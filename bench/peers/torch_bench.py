@@ -30,7 +30,37 @@ VERSION = torch.__version__.split("+")[0]
 now = time.perf_counter
 
 
+class LstmNet(nn.Module):
+    """lstm: LSTM(28, 128, batch_first) over the image's 28 rows, its final hidden state into Linear(128, 10)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(28, 128, batch_first=True)
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x):
+        _, (h, _) = self.lstm(x)
+        return self.fc(h[-1])
+
+
+def build_net(workload):
+    """mnist_cnn / lstm, their parameters set from common.init_tensors (PyTorch's default ranges, shared streams)."""
+    if workload == "mnist_cnn":
+        model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Linear(128, 10))
+    else:
+        model = LstmNet()
+    params, init = list(model.parameters()), C.init_tensors(workload)
+    assert [tuple(p.shape) for p in params] == [a.shape for a in init], workload
+    with torch.no_grad():
+        for p, a in zip(params, init):
+            p.copy_(torch.from_numpy(a))
+    return model
+
+
 def build(workload):
+    if workload in C.BATCHES:
+        return build_net(workload)
     sz = C.layer_sizes(workload)
     layers = []
     for k, (w, b) in enumerate(C.init_params(workload)):
@@ -92,16 +122,22 @@ def run_fixed_batch(system, workload, x, y, lossfn):
 
 
 class MnistDataset(torch.utils.data.Dataset):
-    """The tutorial way: one sample at a time, converted to float on access."""
+    """The tutorial way: one sample at a time, converted to float on access (and normalised and shaped, for the
+    mnist_cnn and lstm workloads, as torchvision's ToTensor + Normalize would)."""
 
-    def __init__(self, images, labels):
-        self.images, self.labels = images, labels
+    def __init__(self, images, labels, shape=None, normalise=False):
+        self.images, self.labels, self.shape, self.normalise = images, labels, shape, normalise
 
     def __len__(self):
         return len(self.labels)
 
     def __getitem__(self, i):
-        return torch.from_numpy(self.images[i]).float().div_(255.0), int(self.labels[i])
+        x = torch.from_numpy(self.images[i]).float().div_(255.0)
+        if self.normalise:
+            x = x.sub_(C.MNIST_MEAN).div_(C.MNIST_STD)
+        if self.shape:
+            x = x.view(self.shape)
+        return x, int(self.labels[i])
 
 
 def run_mnist(system):
@@ -162,6 +198,63 @@ def run_mnist(system):
     C.result(system, VERSION, "mnist_mlp", args.threads, step_t, float(np.median(data_t)), final)
 
 
+def run_batches(system, workload):
+    """mnist_cnn and lstm as bench/ladder times them: the first BATCHES[workload] batches of 64 of one seeded epoch,
+    cycled; warmup_steps untimed steps (the first one, compilation included, reported apart), then `reps`
+    repetitions of `steps` steps. step_us is the median over repetitions of the mean step time; the batch's assembly
+    is timed apart (data_us, median per step)."""
+    images, labels = C.load_mnist(args.data)
+    shape = (1, 28, 28) if workload == "mnist_cnn" else (28, 28)
+    nb, bs = C.BATCHES[workload], C.BATCH_SIZE
+    perm = C.permutation(len(labels))
+    model = maybe_compile(system, build(workload))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    tutorial = system == "pytorch_tutorial"
+    if tutorial:
+        # DataLoader over a per-sample Dataset of the same nb * bs images, in its own shuffled order (so batch()
+        # ignores the ladder's batch number) and reshuffled at each pass; loss.item() every step
+        sub = perm[:nb * bs]
+        g = torch.Generator()
+        g.manual_seed(0)
+        loader = torch.utils.data.DataLoader(MnistDataset(images[sub], labels[sub], shape, normalise=True),
+                                             batch_size=bs, shuffle=True, num_workers=0, generator=g)
+        it = [iter(loader)]
+
+        def batch(b):
+            try:
+                return next(it[0])
+            except StopIteration:  # the next epoch of the nb batches
+                it[0] = iter(loader)
+                return next(it[0])
+    else:
+        t_load = now()
+        X = torch.from_numpy(C.normalise_mnist(images)).view(-1, *shape)
+        Y = torch.from_numpy(labels)
+        P = torch.from_numpy(perm)
+        info(system, workload, preload_s="%.3f" % (now() - t_load))
+
+        def batch(b):
+            idx = P[b * bs:(b + 1) * bs]
+            return X.index_select(0, idx), Y.index_select(0, idx)
+    last = [None]
+
+    def step(xb, yb):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        last[0] = loss.item() if tutorial else loss
+    steps = args.steps or C.default_steps(workload, args.quick)
+    t = C.CycledTiming(step, batch, nb, steps, args.reps)
+    extra = {}
+    if system == "pytorch_compile" and workload == "lstm":  # Dynamo's default (torch._dynamo.config.allow_rnn)
+        extra["note"] = "dynamo_graph_break_at_nn.LSTM_which_runs_eager"
+    info(system, workload, first_step_s="%.3f" % t.first, warmup_steps=t.warmup, steps=steps, reps=args.reps,
+         batches=nb, mean_data_us="%.1f" % (sum(t.data_us) / len(t.data_us)), **extra)
+    final = last[0] if tutorial else last[0].item()
+    C.result(system, VERSION, workload, args.threads, t.times, float(np.median(t.data_us)), final)
+
+
 def run_tiny(system):
     if system == "pytorch_tutorial":
         info(system, "tiny_op", note="same_code_as_pytorch_preloaded_skipped")
@@ -207,6 +300,8 @@ def main():
                     run_fixed_batch(system, w, x, y, F.cross_entropy)
                 elif w == "mnist_mlp":
                     run_mnist(system)
+                elif w in C.BATCHES:
+                    run_batches(system, w)
                 elif w == "tiny_op":
                     run_tiny(system)
             except Exception as e:  # a peer that breaks reports it instead of stopping the harness
