@@ -2,12 +2,13 @@
 // same batches, through the same Keras-style Model::fit. Both modes call the same kernels, so their losses agree
 // bit for bit and the difference in time per step is the cost of dynamism.
 //
-//   mnist_demo [--epochs 5] [--data DIR] [--threads N] [--seed 42]
+//   mnist_demo [--epochs 5] [--schedule cosine|constant] [--data DIR] [--threads N] [--seed 42]
 #include <cstdio>
 
 #include "common.hpp"
 #include "kiln/train.hpp"
 #include "mnist_common.hpp"
+#include "mnist_schedule.hpp"
 
 using namespace kiln;
 
@@ -20,12 +21,16 @@ struct mode_result {
 };
 
 template <class Net>
-mode_result train_mode(const char* mode, Net& net, const examples::mnist_data& mnist, int epochs, std::uint64_t seed) {
+mode_result train_mode(const char* mode, Net& net, const examples::mnist_data& mnist, int epochs, std::uint64_t seed,
+                       const std::string& schedule) {
   std::printf("\n== %s mode ==\n", mode);
   Model model(net);
-  model.compile(optim::Adam({.lr = 1e-3}), loss::cross_entropy{}, {metric::accuracy});
+  model.compile(optim::Adam({.lr = examples::mnist_lr}), loss::cross_entropy{}, {metric::accuracy});
   auto start = std::chrono::steady_clock::now();
-  auto history = model.fit(mnist.train, {.epochs = epochs, .batch_size = 64, .seed = seed});
+  auto history = model.fit(mnist.train, {.epochs = epochs,
+                                         .batch_size = 64,
+                                         .callbacks = examples::mnist_schedule_callbacks(schedule, epochs),
+                                         .seed = seed});
   mode_result r;
   r.mode = mode;
   r.train_s = examples::seconds_since(start);
@@ -48,17 +53,20 @@ int main(int argc, char** argv) try {
   int epochs = static_cast<int>(flags.get_int("--epochs", 5));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
+  std::string schedule = flags.get("--schedule", "cosine");
+  examples::mnist_epoch_lr(schedule, 0, epochs);  // refuses an unknown schedule before loading anything
   set_num_threads(threads);
   auto load_start = std::chrono::steady_clock::now();
   auto mnist = examples::load_mnist_data(flags.get("--data", ""));
-  std::printf("kiln demo: MNIST MLP (Flatten -> Dense 128 ReLU -> Dense 10), Adam 1e-3, batch 64, %d epochs, "
+  std::printf("kiln demo: MNIST MLP (Flatten -> Dense 128 ReLU -> Dense 10), Adam 1e-3 (%s), batch 64, %d epochs, "
               "%d thread%s\nMNIST from %s loaded in %.2f s\n",
-              epochs, threads, threads == 1 ? "" : "s", mnist.dir.c_str(), examples::seconds_since(load_start));
+              schedule == "cosine" ? "cosine annealing per epoch" : "constant", epochs, threads,
+              threads == 1 ? "" : "s", mnist.dir.c_str(), examples::seconds_since(load_start));
 
   examples::mnist_static_mlp net(64, seed);
   auto model = examples::mnist_dynamic_mlp(seed);
-  auto s = train_mode("static", net, mnist, epochs, seed);
-  auto d = train_mode("dynamic", model, mnist, epochs, seed);
+  auto s = train_mode("static", net, mnist, epochs, seed, schedule);
+  auto d = train_mode("dynamic", model, mnist, epochs, seed, schedule);
 
   std::printf("\n| mode    | test accuracy | step (us) | data (us/step) | train (s) |\n");
   std::printf("|---------|---------------|-----------|----------------|-----------|\n");

@@ -2,7 +2,9 @@
 //   --style fit   Keras: Model::compile / fit / evaluate with a progress bar
 //   --style loop  PyTorch: a DataLoader loop that prints the running loss every 200 batches, as PyTorch's tutorial
 //
-//   mnist_mlp [--mode static|dynamic] [--style fit|loop] [--epochs 5] [--data DIR] [--threads N] [--seed 42]
+//   mnist_mlp [--mode static|dynamic] [--style fit|loop] [--epochs 5] [--schedule cosine|constant] [--data DIR]
+//             [--threads N] [--seed 42]
+// The learning rate is annealed along a cosine by default (see mnist_schedule.hpp); --schedule constant keeps 1e-3.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -10,6 +12,7 @@
 #include "common.hpp"
 #include "kiln/train.hpp"
 #include "mnist_common.hpp"
+#include "mnist_schedule.hpp"
 
 using namespace kiln;
 
@@ -21,11 +24,15 @@ struct outcome {
 
 // Keras style, for either mode: the same three calls.
 template <class Net>
-outcome run_fit(Net& net, const examples::mnist_data& mnist, int epochs, std::uint64_t seed) {
+outcome run_fit(Net& net, const examples::mnist_data& mnist, int epochs, std::uint64_t seed,
+                const std::string& schedule) {
   Model model(net);
-  model.compile(optim::Adam({.lr = 1e-3}), loss::cross_entropy{}, {metric::accuracy});
+  model.compile(optim::Adam({.lr = examples::mnist_lr}), loss::cross_entropy{}, {metric::accuracy});
   auto start = std::chrono::steady_clock::now();
-  model.fit(mnist.train, {.epochs = epochs, .batch_size = 64, .seed = seed});
+  model.fit(mnist.train, {.epochs = epochs,
+                          .batch_size = 64,
+                          .callbacks = examples::mnist_schedule_callbacks(schedule, epochs),
+                          .seed = seed});
   double train_s = examples::seconds_since(start);
   auto test = model.evaluate(mnist.test);
   std::printf("test loss %.4f, test accuracy %.4f\n", test.loss, test["accuracy"]);
@@ -46,14 +53,17 @@ double accuracy(const data::tensor_dataset<float, std::int64_t>& test, Predict&&
   return double(correct) / double(out.extent(0));
 }
 
-// PyTorch style: an explicit loop over a shuffling loader; step(x, y) trains on one batch and returns its loss.
-template <class Step>
-outcome run_loop(const examples::mnist_data& mnist, int epochs, std::uint64_t seed, Step&& step) {
+// PyTorch style: an explicit loop over a shuffling loader; step(x, y) trains on one batch and returns its loss, and
+// set_lr(lr) sets the optimizer's rate at the start of each epoch (the scheduler.step() of a PyTorch loop).
+template <class Step, class SetLr>
+outcome run_loop(const examples::mnist_data& mnist, int epochs, std::uint64_t seed, const std::string& schedule,
+                 Step&& step, SetLr&& set_lr) {
   data::data_loader loader(mnist.train, {.batch_size = 64, .shuffle = true, .seed = seed, .prefetch = 1});
   double step_seconds = 0;
   long long steps = 0;
   auto start = std::chrono::steady_clock::now();
   for (int epoch = 0; epoch < epochs; ++epoch) {
+    set_lr(examples::mnist_epoch_lr(schedule, epoch, epochs));
     double running = 0;
     for (const auto& batch : loader.epoch(static_cast<std::uint64_t>(epoch))) {
       auto t0 = std::chrono::steady_clock::now();
@@ -77,6 +87,8 @@ int main(int argc, char** argv) try {
   int epochs = static_cast<int>(flags.get_int("--epochs", 5));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
+  std::string schedule = flags.get("--schedule", "cosine");
+  examples::mnist_epoch_lr(schedule, 0, epochs);  // refuses an unknown schedule before loading anything
   if ((mode != "static" && mode != "dynamic") || (style != "fit" && style != "loop"))
     fail("mnist_mlp: expected --mode static|dynamic and --style fit|loop, found --mode ", mode, " --style ", style);
   set_num_threads(threads);
@@ -89,27 +101,30 @@ int main(int argc, char** argv) try {
   if (mode == "static") {
     examples::mnist_static_mlp net(64, seed);
     if (style == "fit") {
-      result = run_fit(net, mnist, epochs, seed);
+      result = run_fit(net, mnist, epochs, seed, schedule);
     } else {
-      optim::Adam opt({.lr = 1e-3});
-      result = run_loop(mnist, epochs, seed, [&](auto x, auto y) {
-        return net.train_step(x, y, loss::cross_entropy{}, opt);
-      });
+      optim::Adam opt({.lr = examples::mnist_lr});
+      result = run_loop(
+          mnist, epochs, seed, schedule, [&](auto x, auto y) { return net.train_step(x, y, loss::cross_entropy{}, opt); },
+          [&](double lr) { opt.set_lr(lr); });
       result.test_acc = accuracy(mnist.test, [&](const Tensor<float>& x) { return net.predict(x); });
     }
   } else {
     auto model = examples::mnist_dynamic_mlp(seed);
     if (style == "fit") {
-      result = run_fit(model, mnist, epochs, seed);
+      result = run_fit(model, mnist, epochs, seed, schedule);
     } else {
-      optim::Adam opt(model.parameters(), {.lr = 1e-3});
-      result = run_loop(mnist, epochs, seed, [&](auto x, auto y) {
-        opt.zero_grad();
-        auto loss = nn::cross_entropy(model(nn::Variable(x)), y.span());
-        loss.backward();
-        opt.step();
-        return loss.item();
-      });
+      optim::Adam opt(model.parameters(), {.lr = examples::mnist_lr});
+      result = run_loop(
+          mnist, epochs, seed, schedule,
+          [&](auto x, auto y) {
+            opt.zero_grad();
+            auto loss = nn::cross_entropy(model(nn::Variable(x)), y.span());
+            loss.backward();
+            opt.step();
+            return loss.item();
+          },
+          [&](double lr) { opt.set_lr(lr); });
       result.test_acc = accuracy(mnist.test, [&](const Tensor<float>& x) {
         nn::no_grad guard;
         model.eval();
