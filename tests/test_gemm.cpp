@@ -209,6 +209,34 @@ TEST_CASE_TEMPLATE("gemm is bitwise identical across thread counts and calls", T
   set_num_threads(saved);
 }
 
+TEST_CASE_TEMPLATE("gemm on a prepacked B gives gemm's bits, on one thread and two", T, float, double) {
+  const int saved = num_threads();
+  // A recurrent step's shapes (64 x 512 x 128 forward, 64 x 128 x 512 backward), partial panels in m and n, and
+  // three k blocks (1100).
+  for (const auto& s : {size3{64, 512, 128}, size3{64, 128, 512}, size3{13, 37, 20}, size3{40, 300, 1100},
+                        size3{7, 16, 1}, size3{32, 100, 300}}) {
+    for (int t = 0; t < 4; ++t) {
+      CAPTURE(s.m);
+      CAPTURE(s.n);
+      CAPTURE(s.k);
+      CAPTURE(t);
+      problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 2, 1300 + std::uint64_t(t));
+      const epilogue<T> ep{pr.bias.data(), activation::tanh};
+      std::vector<T> packed(std::size_t(kernels::cpu::packed_gemm_b_size<T>(s.k, s.n)));
+      kernels::cpu::pack_gemm_b(pr.tb, s.k, s.n, pr.b.data(), pr.ldb, packed.data());
+      for (int threads : {1, 2}) {
+        set_num_threads(threads);
+        const auto plain = pr.run(T(1), T(0.5), ep, pr.c);
+        std::vector<T> prepacked = pr.c;
+        kernels::cpu::gemm_prepacked_b<T>(pr.ta, s.m, s.n, s.k, T(1), pr.a.data(), pr.lda, packed.data(), T(0.5),
+                                          prepacked.data(), pr.ldc, ep);
+        CHECK(bitwise_equal(plain, prepacked));
+      }
+    }
+  }
+  set_num_threads(saved);
+}
+
 TEST_CASE_TEMPLATE("gemm's fused epilogue equals gemm, then + bias, then the activation by hand", T, float, double) {
   const activation acts[] = {activation::identity, activation::relu,    activation::leaky_relu,
                              activation::gelu,     activation::sigmoid, activation::tanh};

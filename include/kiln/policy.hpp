@@ -10,6 +10,7 @@
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/loss.hpp"
 #include "kiln/kernels/cpu/optim.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/recurrent.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/cpu/softmax.hpp"
@@ -52,12 +53,47 @@ struct cpu : kernels::cpu::elementwise_kernels,
                    const kernels::cpu::epilogue<T>& ep = {}) {
     kernels::cpu::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep);
   }
+
+  // A right-hand side that many products use in turn (a recurrent layer's W_hh, at every time step), packed once into
+  // the calling thread's scratch: valid until that thread's next prepack_b. Null where a policy does not pack.
+  template <class T>
+  static const T* prepack_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb) {
+    T* packed = kernels::cpu::packed_gemm_b_scratch<T>(k, n);
+    kernels::cpu::pack_gemm_b(transpose_b, k, n, b, ldb, packed);
+    return packed;
+  }
+  // gemm with op(B) from prepack_b: the same bits as gemm on B itself.
+  template <class T>
+  static void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
+                               const T* b_packed, T beta, T* c, index_t ldc, const kernels::cpu::epilogue<T>& ep = {}) {
+    kernels::cpu::gemm_prepacked_b(transpose_a, m, n, k, alpha, a, lda, b_packed, beta, c, ldc, ep);
+  }
+
+  // Runs body(begin, end) over slices of a batch whose rows stay independent through a whole job (a recurrent
+  // layer's time loop), one slice per thread, when each row's work_per_row multiply-adds per step make that worth
+  // a parallel region; the kernels inside then run single-threaded.
+  template <class Body>
+  static void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
+    const index_t min_rows =
+        std::max<index_t>(8, kernels::cpu::gemm_detail::parallel_min_work / std::max<index_t>(work_per_row, 1));
+    kernels::cpu::parallel_row_slices(batch, min_rows, body);
+  }
 };
 
 #if defined(KILN_HAVE_CBLAS)
 // The CPU kernels with OpenBLAS for the matrix products (link kiln::blas); the epilogue runs as a second pass.
 struct cpu_blas : cpu {
   static constexpr const char* name = "cpu_blas";
+
+  // Every product goes to OpenBLAS, which packs for itself and threads on its own.
+  template <class T>
+  static const T* prepack_b(bool, index_t, index_t, const T*, index_t) {
+    return nullptr;
+  }
+  template <class Body>
+  static void for_batch_slices(index_t batch, index_t, Body&& body) {
+    body(index_t{0}, batch);
+  }
 
   template <class T>
   static void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,

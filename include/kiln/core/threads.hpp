@@ -15,9 +15,11 @@ inline void set_num_threads(int threads) {
   (void)threads;
 #endif
 }
+// Inside a parallel region (kiln's own, splitting a recurrent layer's batch, or the user's) kernels run on the calling
+// thread alone: one.
 inline int num_threads() {
 #if defined(_OPENMP)
-  return omp_get_max_threads();
+  return omp_in_parallel() ? 1 : omp_get_max_threads();
 #else
   return 1;
 #endif

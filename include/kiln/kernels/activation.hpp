@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <numbers>
+#include <type_traits>
 
 #include "kiln/core/config.hpp"
+#include "kiln/kernels/float_math.hpp"
 
 namespace kiln {
 
@@ -30,9 +32,23 @@ constexpr bool activation_grad_needs_input(activation a) { return a == activatio
 
 namespace kernels {
 
+// The logistic sigmoid. On the host a float goes through the branch-free saturating_exp, so loops applying it
+// vectorise; double, and the CUDA device, use the library's exp.
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE T sigmoid_value(T x) {
+#if !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) return 1.0f / (1.0f + saturating_exp(-x));
+#endif
   return T(1) / (T(1) + std::exp(-x));
+}
+
+// tanh, with the same split as sigmoid_value: saturating_tanh for a float on the host, the library's tanh otherwise.
+template <class T>
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE T tanh_value(T x) {
+#if !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) return saturating_tanh(x);
+#endif
+  return std::tanh(x);
 }
 
 // y = f(x). slope is LeakyReLU's negative slope and is ignored by the others.
@@ -44,7 +60,7 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T activate(activation a, T x, T slope) {
     case activation::leaky_relu: return x > T(0) ? x : x * slope;
     case activation::gelu: return T(0.5) * x * (T(1) + std::erf(x * T(std::numbers::sqrt2 / 2)));
     case activation::sigmoid: return sigmoid_value(x);
-    case activation::tanh: return std::tanh(x);
+    case activation::tanh: return tanh_value(x);
   }
   return x;
 }

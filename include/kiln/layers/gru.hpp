@@ -17,10 +17,10 @@ struct gru_cell {
   // One step: gh (scratch, batch x 3H) = h_prev W_hh^T + b_hh (one GEMM for the three gates), then the cell kernel
   // combines it with gx (x W_ih^T + b_ih): gx -> (r, z, n), hn (batch x H) keeps W_hn h + b_hn, h_out (stride ld_out).
   template <class Policy, class T>
-  static void step_forward(index_t batch, index_t H, const T* w_hh, const T* b_hh, T* gx, T* hn, const T* h_prev,
-                           index_t ld_h_prev, const T*, T* h_out, index_t ld_out, T* gh) {
+  static void step_forward(index_t batch, index_t H, const step_weight<T>& w_hh, const T* b_hh, T* gx, T* hn,
+                           const T* h_prev, index_t ld_h_prev, const T*, T* h_out, index_t ld_out, T* gh) {
     if (h_prev) {
-      Policy::gemm(false, true, batch, 3 * H, H, T(1), h_prev, ld_h_prev, w_hh, H, T(0), gh, 3 * H, {b_hh});
+      step_gemm<Policy>(batch, 3 * H, H, h_prev, ld_h_prev, w_hh, H, T(0), gh, 3 * H, b_hh);
     } else {
       Policy::fill(gh, T(0), batch * 3 * H);
       if (b_hh) Policy::add_row_bias(gh, b_hh, batch, 3 * H);
@@ -30,10 +30,10 @@ struct gru_cell {
   // One step back: gx -> dL/d(x W_ih^T + b_ih), dgh -> dL/d(h W_hh^T + b_hh); dh receives dL/dh_prev =
   // z * dL/dh + dgh W_hh.
   template <class Policy, class T>
-  static void step_backward(index_t batch, index_t H, const T* w_hh, T* gx, const T* hn, const T*, const T* h_prev,
-                            index_t ld_h_prev, const T* dy, index_t ld_dy, T* dh, T*, T* dgh) {
+  static void step_backward(index_t batch, index_t H, const step_weight<T>& w_hh, T* gx, const T* hn, const T*,
+                            const T* h_prev, index_t ld_h_prev, const T* dy, index_t ld_dy, T* dh, T*, T* dgh) {
     Policy::gru_cell_backward(batch, H, gx, hn, h_prev, ld_h_prev, dy, ld_dy, dh, dgh);
-    Policy::gemm(false, false, batch, H, 3 * H, T(1), dgh, 3 * H, w_hh, H, T(1), dh, H);
+    step_gemm<Policy>(batch, H, 3 * H, dgh, 3 * H, w_hh, H, T(1), dh, H);
   }
 };
 

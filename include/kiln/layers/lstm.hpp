@@ -18,19 +18,19 @@ struct lstm_cell {
   // One step: gates (batch x 4H, holding x W_ih^T + b_ih) += h_prev W_hh^T + b_hh (one GEMM for the four gates),
   // then the cell kernel: gates -> activations, c (batch x H) and h_out (row stride ld_out).
   template <class Policy, class T>
-  static void step_forward(index_t batch, index_t H, const T* w_hh, const T* b_hh, T* gates, T* c, const T* h_prev,
-                           index_t ld_h_prev, const T* c_prev, T* h_out, index_t ld_out, T*) {
-    if (h_prev) Policy::gemm(false, true, batch, 4 * H, H, T(1), h_prev, ld_h_prev, w_hh, H, T(1), gates, 4 * H, {b_hh});
+  static void step_forward(index_t batch, index_t H, const step_weight<T>& w_hh, const T* b_hh, T* gates, T* c,
+                           const T* h_prev, index_t ld_h_prev, const T* c_prev, T* h_out, index_t ld_out, T*) {
+    if (h_prev) step_gemm<Policy>(batch, 4 * H, H, h_prev, ld_h_prev, w_hh, H, T(1), gates, 4 * H, b_hh);
     else if (b_hh) Policy::add_row_bias(gates, b_hh, batch, 4 * H);
     Policy::lstm_cell_forward(batch, H, gates, c_prev, H, c, h_out, ld_out);
   }
   // One step back: gates -> dL/d(pre-activations); dc carries dL/dc to the step before; dh (batch x H) receives
   // dL/dh_prev = dgates W_hh (one GEMM).
   template <class Policy, class T>
-  static void step_backward(index_t batch, index_t H, const T* w_hh, T* gates, const T* c, const T* c_prev,
-                            const T*, index_t, const T* dy, index_t ld_dy, T* dh, T* dc, T*) {
+  static void step_backward(index_t batch, index_t H, const step_weight<T>& w_hh, T* gates, const T* c,
+                            const T* c_prev, const T*, index_t, const T* dy, index_t ld_dy, T* dh, T* dc, T*) {
     Policy::lstm_cell_backward(batch, H, gates, c_prev, H, c, dy, ld_dy, dh, dc);
-    Policy::gemm(false, false, batch, H, 4 * H, T(1), gates, 4 * H, w_hh, H, T(0), dh, H);
+    step_gemm<Policy>(batch, H, 4 * H, gates, 4 * H, w_hh, H, T(0), dh, H);
   }
 };
 

@@ -170,6 +170,47 @@ struct rnn_plan {
   T* state(T* saved, index_t l, index_t dir) const { return gates(saved, l, dir) + rows() * gate_width(); }
 };
 
+// The recurrent weight W_hh of one (layer, direction), multiplied at every time step: op(W_hh) packed once per
+// sequence where the policy packs GEMM operands (policy::cpu's prepack_b), read as it lies otherwise.
+template <class T>
+struct step_weight {
+  const T* w = nullptr;       // as stored, ld = its row length
+  const T* packed = nullptr;  // op(w) packed, or null
+  bool transpose = false;     // op(w) = w^T
+};
+
+template <class Policy, class T>
+step_weight<T> prepare_step_weight(bool transpose, index_t k, index_t n, const T* w, index_t ldw) {
+  if constexpr (requires { Policy::prepack_b(transpose, k, n, w, ldw); })
+    return {w, Policy::prepack_b(transpose, k, n, w, ldw), transpose};
+  else
+    return {w, nullptr, transpose};
+}
+
+// C = alpha A op(W) + beta C (+ bias per column): one time step's product with the recurrent weight.
+template <class Policy, class T>
+void step_gemm(index_t m, index_t n, index_t k, const T* a, index_t lda, const step_weight<T>& w, index_t ldw,
+               T beta, T* c, index_t ldc, const T* bias = nullptr) {
+  if constexpr (requires { Policy::gemm_prepacked_b(false, m, n, k, T(1), a, lda, w.packed, beta, c, ldc); }) {
+    if (w.packed) {
+      Policy::gemm_prepacked_b(false, m, n, k, T(1), a, lda, w.packed, beta, c, ldc, {bias});
+      return;
+    }
+  }
+  Policy::gemm(false, w.transpose, m, n, k, T(1), a, lda, w.w, ldw, beta, c, ldc, {bias});
+}
+
+// Runs body(begin, end) over slices of the batch, in parallel where the policy splits independent rows
+// (policy::cpu's for_batch_slices), as one slice otherwise. Every batch row of a recurrent layer is independent
+// through the whole time loop, forward and backward, so each thread runs all the steps of its rows with no barrier.
+template <class Policy, class Body>
+void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
+  if constexpr (requires { Policy::for_batch_slices(batch, work_per_row, body); })
+    Policy::for_batch_slices(batch, work_per_row, body);
+  else
+    body(index_t{0}, batch);
+}
+
 namespace detail {
 // The rows of time step t in a time-major (seq, batch, width) array.
 template <class T>
@@ -203,19 +244,23 @@ void rnn_forward(const rnn_dims& d, index_t seq, index_t batch, const T* params,
       T* S = plan.state(saved, l, dir);
       // The input projection of every time step at once.
       Policy::gemm(false, true, R, GH, I, T(1), in, I, w.w_ih, I, T(0), G, GH, {w.b_ih});
-      const T* h_prev = h0 ? h0 + (l * D + dir) * batch * H : nullptr;
-      index_t ld_h_prev = H;
-      const T* c_prev = c0 ? c0 + (l * D + dir) * batch * H : nullptr;
-      for (index_t s = 0; s < seq; ++s) {
-        const index_t t = dir ? seq - 1 - s : s;
-        T* h_out = detail::step_rows(Y, t, batch, W) + dir * H;
-        Cell::template step_forward<Policy>(batch, H, w.w_hh, w.b_hh, detail::step_rows(G, t, batch, GH),
-                                            detail::step_rows(S, t, batch, H), h_prev, ld_h_prev, c_prev, h_out, W,
-                                            gh_temp);
-        h_prev = h_out;
-        ld_h_prev = W;
-        if constexpr (Cell::has_cell_state) c_prev = detail::step_rows(S, t, batch, H);
-      }
+      // Each step multiplies by W_hh^T: packed once here, then every batch slice runs all its steps against it.
+      const step_weight<T> w_hh = prepare_step_weight<Policy>(true, H, GH, static_cast<const T*>(w.w_hh), H);
+      for_batch_slices<Policy>(batch, GH * H, [&](index_t b0, index_t b1) {
+        const T* h_prev = h0 ? h0 + ((l * D + dir) * batch + b0) * H : nullptr;
+        index_t ld_h_prev = H;
+        const T* c_prev = c0 ? c0 + ((l * D + dir) * batch + b0) * H : nullptr;
+        for (index_t s = 0; s < seq; ++s) {
+          const index_t t = dir ? seq - 1 - s : s;
+          T* h_out = detail::step_rows(Y, t, batch, W) + b0 * W + dir * H;
+          T* state = detail::step_rows(S, t, batch, H) + b0 * H;
+          Cell::template step_forward<Policy>(b1 - b0, H, w_hh, w.b_hh, detail::step_rows(G, t, batch, GH) + b0 * GH,
+                                              state, h_prev, ld_h_prev, c_prev, h_out, W, gh_temp + b0 * GH);
+          h_prev = h_out;
+          ld_h_prev = W;
+          if constexpr (Cell::has_cell_state) c_prev = state;
+        }
+      });
       const index_t last = dir ? 0 : seq - 1;
       if (h_n)
         for (index_t b = 0; b < batch; ++b)
@@ -284,17 +329,23 @@ void rnn_backward(const rnn_dims& d, index_t seq, index_t batch, const T* params
         else Policy::fill(dc, T(0), batch * H);
       }
       T* dG_h = Cell::has_cell_state ? G : dgh_all;  // the gradient of the recurrent product
-      for (index_t s = seq - 1; s >= 0; --s) {
-        const index_t t = dir ? seq - 1 - s : s;
-        const index_t t_prev = dir ? t + 1 : t - 1;
-        const T* h_prev = s == 0 ? h_first : detail::step_rows(Y, t_prev, batch, W) + dir * H;
-        const index_t ld_h_prev = s == 0 ? H : W;
-        const T* state_prev = s == 0 ? c_first : detail::step_rows(S, t_prev, batch, H);
-        Cell::template step_backward<Policy>(batch, H, w.w_hh, detail::step_rows(G, t, batch, GH),
-                                             detail::step_rows(S, t, batch, H), state_prev, h_prev, ld_h_prev,
-                                             detail::step_rows(dy_cur, t, batch, W) + dir * H, W, dh, dc,
-                                             dgh_all ? detail::step_rows(dgh_all, t, batch, GH) : nullptr);
-      }
+      // Each step multiplies by W_hh (dL/dh_prev = dgates W_hh): packed once, as in the forward.
+      const step_weight<T> w_hh = prepare_step_weight<Policy>(false, GH, H, static_cast<const T*>(w.w_hh), H);
+      for_batch_slices<Policy>(batch, GH * H, [&](index_t b0, index_t b1) {
+        for (index_t s = seq - 1; s >= 0; --s) {
+          const index_t t = dir ? seq - 1 - s : s;
+          const index_t t_prev = dir ? t + 1 : t - 1;
+          const T* h_prev = s == 0 ? (h_first ? h_first + b0 * H : nullptr)
+                                   : detail::step_rows(Y, t_prev, batch, W) + b0 * W + dir * H;
+          const index_t ld_h_prev = s == 0 ? H : W;
+          const T* state_prev = s == 0 ? (c_first ? c_first + b0 * H : nullptr)
+                                       : detail::step_rows(S, t_prev, batch, H) + b0 * H;
+          Cell::template step_backward<Policy>(
+              b1 - b0, H, w_hh, detail::step_rows(G, t, batch, GH) + b0 * GH, detail::step_rows(S, t, batch, H) + b0 * H,
+              state_prev, h_prev, ld_h_prev, detail::step_rows(dy_cur, t, batch, W) + b0 * W + dir * H, W,
+              dh + b0 * H, dc + b0 * H, dgh_all ? detail::step_rows(dgh_all, t, batch, GH) + b0 * GH : nullptr);
+        }
+      });
       if (dh0) Policy::copy(dh, dh0 + slot, batch * H);
       if constexpr (Cell::has_cell_state)
         if (dc0) Policy::copy(dc, dc0 + slot, batch * H);

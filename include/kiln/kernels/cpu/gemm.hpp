@@ -65,6 +65,7 @@ struct gemm_problem {
   T* c;
   index_t ldc;
   const epilogue<T>* ep;
+  const T* b_packed = nullptr;  // op(B) as pack_gemm_b laid it out, or null: pack per block
 
   // &op(A)(i, p) and &op(B)(p, j).
   const T* a_at(index_t i, index_t p) const { return transpose_a ? a + p * lda + i : a + i * lda + p; }
@@ -203,8 +204,10 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
   const index_t n_blocks = ceil_div(j1 - j0, cache_block<T>::nc);
   const index_t nc_max = round_up(ceil_div(j1 - j0, n_blocks), nr);
 
-  // Scratch: the packed B block, then one packed A micro-panel, each on a cache-line boundary.
-  const std::size_t b_bytes = static_cast<std::size_t>(round_up(kc_max * nc_max * index_t(sizeof(T)), 64));
+  // Scratch: the packed B block (none when B comes prepacked), then one packed A micro-panel, each on a cache-line
+  // boundary.
+  const std::size_t b_bytes =
+      g.b_packed ? 0 : static_cast<std::size_t>(round_up(kc_max * nc_max * index_t(sizeof(T)), 64));
   const std::size_t a_bytes = static_cast<std::size_t>(kc_max * mr) * sizeof(T);
   char* scratch = static_cast<char*>(thread_scratch().reserve(b_bytes + a_bytes));
   T* b_packed = reinterpret_cast<T*>(scratch);
@@ -224,11 +227,14 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
     const index_t n_panels = ceil_div(nc, nr);
     for (index_t pc = 0; pc < g.k; pc += kc_max) {
       const index_t kc = std::min(kc_max, g.k - pc);
-      for (index_t q = 0; q < n_panels; ++q) {
-        const int cols = int(std::min<index_t>(nr, nc - q * nr));
-        if (!(b_in_place && cols == nr))
-          pack_b<T, nr>(g.transpose_b, g.b_at(pc, jc + q * nr), g.ldb, cols, kc, b_packed + q * kc * nr);
-      }
+      // A prepacked B holds every k block's panels for all of n (see pack_gemm_b): this block's start in it.
+      const T* b_block = g.b_packed ? g.b_packed + pc * round_up(g.n, nr) + (jc / nr) * kc * nr : b_packed;
+      if (!g.b_packed)
+        for (index_t q = 0; q < n_panels; ++q) {
+          const int cols = int(std::min<index_t>(nr, nc - q * nr));
+          if (!(b_in_place && cols == nr))
+            pack_b<T, nr>(g.transpose_b, g.b_at(pc, jc + q * nr), g.ldb, cols, kc, b_packed + q * kc * nr);
+        }
       tile_epilogue<T> tile{g.alpha, g.beta, nullptr, ep.act, ep.slope, pc == 0, pc + kc == g.k};
       for (index_t ic = i0; ic < i1; ic += mr) {
         const int rows = int(std::min<index_t>(mr, i1 - ic));
@@ -244,8 +250,8 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
         for (index_t q = 0; q < n_panels; ++q) {
           const index_t j = jc + q * nr;
           const int cols = int(std::min<index_t>(nr, nc - q * nr));
-          const bool b_direct = b_in_place && cols == nr;
-          const T* b_panel = b_direct ? g.b_at(pc, j) : b_packed + q * kc * nr;
+          const bool b_direct = b_in_place && cols == nr && !g.b_packed;
+          const T* b_panel = b_direct ? g.b_at(pc, j) : b_block + q * kc * nr;
           const panel_strides strides{a_row, a_step, b_direct ? g.ldb : index_t(nr)};
           tile.bias = ep.bias ? ep.bias + j : nullptr;
           select_micro_kernel<T>(rows, int(ceil_div(cols, width)), a_in_place || b_direct)(
@@ -316,6 +322,37 @@ void gemm_threaded(const gemm_problem<T>& g) {
 
 }  // namespace gemm_detail
 
+// The number of elements op(B) (k x n) takes once packed by pack_gemm_b.
+template <class T>
+index_t packed_gemm_b_size(index_t k, index_t n) {
+  return k * gemm_detail::round_up(n, gemm_detail::register_block<T>::nr);
+}
+
+// Packs op(B) (k x n) into `packed` (packed_gemm_b_size elements), laid out as the blocked GEMM reads it: for each
+// k block, the nr-wide column panels of all of n. A matrix multiplied by many left-hand sides in turn (a recurrent
+// layer's W_hh, once per time step) is then packed once instead of once per product.
+template <class T>
+void pack_gemm_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb, T* packed) {
+  using namespace gemm_detail;
+  constexpr int nr = register_block<T>::nr;
+  const index_t kc_max = ceil_div(k, ceil_div(k, cache_block<T>::kc));
+  const gemm_problem<T> g{false, transpose_b, 0, n, k, T(1), nullptr, 0, b, ldb, T(0), nullptr, 0, nullptr};
+  for (index_t pc = 0; pc < k; pc += kc_max) {
+    const index_t kc = std::min(kc_max, k - pc);
+    for (index_t q = 0; q * nr < n; ++q)
+      pack_b<T, nr>(transpose_b, g.b_at(pc, q * nr), ldb, int(std::min<index_t>(nr, n - q * nr)), kc,
+                    packed + pc * round_up(n, nr) + q * kc * nr);
+  }
+}
+
+// A per-thread buffer for pack_gemm_b that grows to the largest matrix seen and is then reused (no heap traffic in a
+// steady state). Other threads may read it while its owner waits (a parallel region the owner opened).
+template <class T>
+T* packed_gemm_b_scratch(index_t k, index_t n) {
+  static thread_local gemm_detail::gemm_scratch scratch;
+  return static_cast<T*>(scratch.reserve(static_cast<std::size_t>(packed_gemm_b_size<T>(k, n)) * sizeof(T)));
+}
+
 // op(A) is m x k, op(B) is k x n, C is m x n; all row-major with leading dimensions lda, ldb, ldc.
 // beta == 0 overwrites C without reading it (C may hold NaN). Deterministic: every element's sum over k runs in
 // the same order whatever the thread count.
@@ -328,6 +365,22 @@ void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T
     gemm_detail::gemm_direct(g);
   else
     gemm_detail::gemm_threaded(g);
+}
+
+// gemm with op(B) prepacked by pack_gemm_b (b_packed; b and ldb are then unused). The same bits as gemm on the
+// unpacked B for every product that gemm runs blocked (all but the tiny ones below direct_max_work multiply-adds,
+// which this runs blocked too).
+template <class T>
+void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
+                      const T* b_packed, T beta, T* c, index_t ldc, const epilogue<T>& ep = {}) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // C = act(beta C + bias): B is not read, so any valid pointer stands in for it
+    gemm(transpose_a, false, m, n, k, alpha, a, lda, c, ldc, beta, c, ldc, ep);
+    return;
+  }
+  gemm_detail::gemm_problem<T> g{transpose_a, false, m, n, k, alpha, a, lda, nullptr, 0, beta, c, ldc, &ep};
+  g.b_packed = b_packed;
+  gemm_detail::gemm_threaded(g);
 }
 
 }  // namespace kiln::kernels::cpu

@@ -36,4 +36,26 @@ void parallel_chunks(index_t n, Body&& body) {
 #endif
 }
 
+// Calls body(begin, end) over [0, rows) cut into one contiguous slice per thread, for work whose rows are independent
+// from start to end (a recurrent layer's batch rows through all its time steps): one parallel region for the whole
+// job instead of one per kernel call. Splits only when every slice gets at least min_rows rows.
+template <class Body>
+void parallel_row_slices(index_t rows, index_t min_rows, Body&& body) {
+  const int threads = int(std::min<index_t>(num_threads(), rows / std::max<index_t>(min_rows, 1)));
+  if (threads <= 1) {
+    body(index_t{0}, rows);
+    return;
+  }
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+  {
+    const index_t team = omp_get_num_threads(), id = omp_get_thread_num();
+    const index_t begin = rows * id / team, end = rows * (id + 1) / team;
+    if (begin < end) body(begin, end);
+  }
+#else
+  body(index_t{0}, rows);
+#endif
+}
+
 }  // namespace kiln::kernels::cpu

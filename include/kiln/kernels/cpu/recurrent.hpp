@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/random.hpp"
@@ -27,20 +28,28 @@ struct recurrent_kernels {
     const index_t H = hidden;
     for (index_t b = 0; b < batch; ++b) {
       T* g = gates + b * 4 * H;
-      const T* cp = c_prev ? c_prev + b * ld_c_prev : nullptr;
-      T* cr = c + b * H;
-      T* hr = h + b * ld_h;
-      for (index_t j = 0; j < H; ++j) {
-        T i = sigmoid_value(g[j]), f = sigmoid_value(g[H + j]), gg = std::tanh(g[2 * H + j]),
-          o = sigmoid_value(g[3 * H + j]);
-        g[j] = i;
-        g[H + j] = f;
-        g[2 * H + j] = gg;
-        g[3 * H + j] = o;
-        T cv = i * gg + (cp ? f * cp[j] : T(0));
-        cr[j] = cv;
-        hr[j] = o * std::tanh(cv);
-      }
+      lstm_row_forward(H, g, g + H, g + 2 * H, g + 3 * H, c_prev ? c_prev + b * ld_c_prev : nullptr, c + b * H,
+                       h + b * ld_h);
+    }
+  }
+
+  // One batch row of lstm_cell_forward, over pointers that do not alias, so that the compiler vectorises the loop
+  // (sigmoid_value and tanh_value are branch-free for float) without run-time overlap checks.
+  template <class T>
+  KILN_ALWAYS_INLINE static void lstm_row_forward(index_t H, T* KILN_RESTRICT gi, T* KILN_RESTRICT gf,
+                                                  T* KILN_RESTRICT gc, T* KILN_RESTRICT go,
+                                                  const T* KILN_RESTRICT cp, T* KILN_RESTRICT cr,
+                                                  T* KILN_RESTRICT hr) {
+    for (index_t j = 0; j < H; ++j) {
+      const T i = sigmoid_value(gi[j]), f = sigmoid_value(gf[j]), gg = tanh_value(gc[j]), o = sigmoid_value(go[j]);
+      gi[j] = i;
+      gf[j] = f;
+      gc[j] = gg;
+      go[j] = o;
+      const T cpv = cp ? cp[j] : T(0);
+      const T cv = i * gg + f * cpv;
+      cr[j] = cv;
+      hr[j] = o * tanh_value(cv);
     }
   }
 
@@ -52,25 +61,34 @@ struct recurrent_kernels {
   KILN_NOINLINE static void lstm_cell_backward(index_t batch, index_t hidden, T* gates, const T* c_prev, index_t ld_c_prev,
                                  const T* c, const T* dy, index_t ld_dy, const T* dh, T* dc) {
     const index_t H = hidden;
-    for (index_t b = 0; b < batch; ++b) {
-      T* g = gates + b * 4 * H;
-      const T* cp = c_prev ? c_prev + b * ld_c_prev : nullptr;
-      const T* cr = c + b * H;
-      const T* dyr = dy ? dy + b * ld_dy : nullptr;
-      const T* dhr = dh + b * H;
-      T* dcr = dc + b * H;
-      for (index_t j = 0; j < H; ++j) {
-        T i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
-        T tc = std::tanh(cr[j]);
-        T dhv = dhr[j] + (dyr ? dyr[j] : T(0));
-        T dcv = dcr[j] + dhv * o * (T(1) - tc * tc);
-        T cpv = cp ? cp[j] : T(0);
-        g[j] = dcv * gg * i * (T(1) - i);
-        g[H + j] = dcv * cpv * f * (T(1) - f);
-        g[2 * H + j] = dcv * i * (T(1) - gg * gg);
-        g[3 * H + j] = dhv * tc * o * (T(1) - o);
-        dcr[j] = dcv * f;
+    with_flags(c_prev != nullptr, dy != nullptr, [&](auto has_prev, auto has_dy) {
+      for (index_t b = 0; b < batch; ++b) {
+        T* g = gates + b * 4 * H;
+        lstm_row_backward<has_prev, has_dy>(H, g, g + H, g + 2 * H, g + 3 * H, c_prev + b * ld_c_prev * has_prev,
+                                            c + b * H, dy + b * ld_dy * has_dy, dh + b * H, dc + b * H);
       }
+    });
+  }
+
+  template <bool HasPrev, bool HasDy, class T>
+  KILN_ALWAYS_INLINE static void lstm_row_backward(index_t H, T* KILN_RESTRICT gi, T* KILN_RESTRICT gf,
+                                                   T* KILN_RESTRICT gc, T* KILN_RESTRICT go,
+                                                   const T* KILN_RESTRICT cp, const T* KILN_RESTRICT cr,
+                                                   const T* KILN_RESTRICT dyr, const T* KILN_RESTRICT dhr,
+                                                   T* KILN_RESTRICT dcr) {
+    for (index_t j = 0; j < H; ++j) {
+      const T i = gi[j], f = gf[j], gg = gc[j], o = go[j];
+      const T tc = tanh_value(cr[j]);
+      T dhv = dhr[j];
+      if constexpr (HasDy) dhv += dyr[j];
+      const T dcv = dcr[j] + dhv * o * (T(1) - tc * tc);
+      T cpv = T(0);
+      if constexpr (HasPrev) cpv = cp[j];
+      gi[j] = dcv * gg * i * (T(1) - i);
+      gf[j] = dcv * cpv * f * (T(1) - f);
+      gc[j] = dcv * i * (T(1) - gg * gg);
+      go[j] = dhv * tc * o * (T(1) - o);
+      dcr[j] = dcv * f;
     }
   }
 
@@ -83,23 +101,32 @@ struct recurrent_kernels {
   KILN_NOINLINE static void gru_cell_forward(index_t batch, index_t hidden, T* gx, const T* gh, const T* h_prev, index_t ld_h_prev,
                                T* hn_saved, T* h, index_t ld_h) {
     const index_t H = hidden;
-    for (index_t b = 0; b < batch; ++b) {
-      T* x = gx + b * 3 * H;
-      const T* hh = gh + b * 3 * H;
-      const T* hp = h_prev ? h_prev + b * ld_h_prev : nullptr;
-      T* hs = hn_saved + b * H;
-      T* hr = h + b * ld_h;
-      for (index_t j = 0; j < H; ++j) {
-        T r = sigmoid_value(x[j] + hh[j]);
-        T z = sigmoid_value(x[H + j] + hh[H + j]);
-        T n = std::tanh(x[2 * H + j] + r * hh[2 * H + j]);
-        x[j] = r;
-        x[H + j] = z;
-        x[2 * H + j] = n;
-        hs[j] = hh[2 * H + j];
-        T hpv = hp ? hp[j] : T(0);
-        hr[j] = (T(1) - z) * n + z * hpv;
+    with_flags(h_prev != nullptr, false, [&](auto has_prev, auto) {
+      for (index_t b = 0; b < batch; ++b) {
+        T* x = gx + b * 3 * H;
+        const T* hh = gh + b * 3 * H;
+        gru_row_forward<has_prev>(H, x, x + H, x + 2 * H, hh, hh + H, hh + 2 * H, h_prev + b * ld_h_prev * has_prev,
+                                  hn_saved + b * H, h + b * ld_h);
       }
+    });
+  }
+
+  template <bool HasPrev, class T>
+  KILN_ALWAYS_INLINE static void gru_row_forward(index_t H, T* KILN_RESTRICT xr, T* KILN_RESTRICT xz,
+                                                 T* KILN_RESTRICT xn, const T* KILN_RESTRICT hr_in,
+                                                 const T* KILN_RESTRICT hz_in, const T* KILN_RESTRICT hn_in,
+                                                 const T* KILN_RESTRICT hp, T* KILN_RESTRICT hs, T* KILN_RESTRICT hr) {
+    for (index_t j = 0; j < H; ++j) {
+      const T r = sigmoid_value(xr[j] + hr_in[j]);
+      const T z = sigmoid_value(xz[j] + hz_in[j]);
+      const T n = tanh_value(xn[j] + r * hn_in[j]);
+      xr[j] = r;
+      xz[j] = z;
+      xn[j] = n;
+      hs[j] = hn_in[j];
+      T hpv = T(0);
+      if constexpr (HasPrev) hpv = hp[j];
+      hr[j] = (T(1) - z) * n + z * hpv;
     }
   }
 
@@ -110,28 +137,52 @@ struct recurrent_kernels {
   KILN_NOINLINE static void gru_cell_backward(index_t batch, index_t hidden, T* gx, const T* hn_saved, const T* h_prev,
                                 index_t ld_h_prev, const T* dy, index_t ld_dy, T* dh, T* dgh) {
     const index_t H = hidden;
-    for (index_t b = 0; b < batch; ++b) {
-      T* x = gx + b * 3 * H;
-      T* d = dgh + b * 3 * H;
-      const T* hs = hn_saved + b * H;
-      const T* hp = h_prev ? h_prev + b * ld_h_prev : nullptr;
-      const T* dyr = dy ? dy + b * ld_dy : nullptr;
-      T* dhr = dh + b * H;
-      for (index_t j = 0; j < H; ++j) {
-        T r = x[j], z = x[H + j], n = x[2 * H + j];
-        T hpv = hp ? hp[j] : T(0);
-        T dhv = dhr[j] + (dyr ? dyr[j] : T(0));
-        T dn = dhv * (T(1) - z) * (T(1) - n * n);
-        T dz = dhv * (hpv - n) * z * (T(1) - z);
-        T dr = dn * hs[j] * r * (T(1) - r);
-        x[j] = dr;
-        x[H + j] = dz;
-        x[2 * H + j] = dn;
-        d[j] = dr;
-        d[H + j] = dz;
-        d[2 * H + j] = dn * r;
-        dhr[j] = dhv * z;
+    with_flags(h_prev != nullptr, dy != nullptr, [&](auto has_prev, auto has_dy) {
+      for (index_t b = 0; b < batch; ++b) {
+        T* x = gx + b * 3 * H;
+        T* d = dgh + b * 3 * H;
+        gru_row_backward<has_prev, has_dy>(H, x, x + H, x + 2 * H, d, d + H, d + 2 * H, hn_saved + b * H,
+                                           h_prev + b * ld_h_prev * has_prev, dy + b * ld_dy * has_dy, dh + b * H);
       }
+    });
+  }
+
+  template <bool HasPrev, bool HasDy, class T>
+  KILN_ALWAYS_INLINE static void gru_row_backward(index_t H, T* KILN_RESTRICT xr, T* KILN_RESTRICT xz,
+                                                  T* KILN_RESTRICT xn, T* KILN_RESTRICT dr_out,
+                                                  T* KILN_RESTRICT dz_out, T* KILN_RESTRICT dn_out,
+                                                  const T* KILN_RESTRICT hs, const T* KILN_RESTRICT hp,
+                                                  const T* KILN_RESTRICT dyr, T* KILN_RESTRICT dhr) {
+    for (index_t j = 0; j < H; ++j) {
+      const T r = xr[j], z = xz[j], n = xn[j];
+      T hpv = T(0);
+      if constexpr (HasPrev) hpv = hp[j];
+      T dhv = dhr[j];
+      if constexpr (HasDy) dhv += dyr[j];
+      const T dn = dhv * (T(1) - z) * (T(1) - n * n);
+      const T dz = dhv * (hpv - n) * z * (T(1) - z);
+      const T dr = dn * hs[j] * r * (T(1) - r);
+      xr[j] = dr;
+      xz[j] = dz;
+      xn[j] = dn;
+      dr_out[j] = dr;
+      dz_out[j] = dz;
+      dn_out[j] = dn * r;
+      dhr[j] = dhv * z;
+    }
+  }
+
+  // Calls body(has_a, has_b) with std::bool_constant arguments, so that a row loop whose optional operands (a
+  // previous state, an output gradient) are null is compiled without the test, and without a conditional load that
+  // would stop vectorisation. The pointer arithmetic above multiplies null operands' offsets by false (0).
+  template <class Body>
+  static void with_flags(bool a, bool b, Body body) {
+    if (a) {
+      if (b) body(std::true_type{}, std::true_type{});
+      else body(std::true_type{}, std::false_type{});
+    } else {
+      if (b) body(std::false_type{}, std::true_type{});
+      else body(std::false_type{}, std::false_type{});
     }
   }
 

@@ -1,0 +1,83 @@
+// The branch-free float exp, tanh and sigmoid (kernels/float_math.hpp) against double-precision libm, in units in the
+// last place of the float result, over a sample of every float bit pattern; plus their edge cases: saturation,
+// infinities, NaN and signed zero.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <limits>
+
+#include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/float_math.hpp"
+
+using namespace kiln;
+
+namespace {
+
+// |got - want| in units of the spacing of floats at want (the smallest subnormal spacing for tiny values).
+double ulp_error(float got, double want) {
+  const float nearest = static_cast<float>(want);
+  double spacing = std::fabs(double(std::nextafter(nearest, std::numeric_limits<float>::infinity())) - nearest);
+  if (!(spacing > 0) || std::isinf(spacing)) spacing = std::numeric_limits<float>::denorm_min();
+  return std::fabs(double(got) - want) / spacing;
+}
+
+// Calls check(x) for finite floats spread over every exponent and sign: every 65,521st bit pattern (a prime step, so
+// the low mantissa bits vary too).
+template <class Check>
+void for_sampled_floats(Check check) {
+  for (std::uint64_t bits = 0; bits < (std::uint64_t(1) << 32); bits += 65521) {
+    const auto pattern = static_cast<std::uint32_t>(bits);
+    float x;
+    std::memcpy(&x, &pattern, sizeof x);
+    if (std::isfinite(x)) check(x);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("saturating_exp is within 1 ulp inside its range and saturates outside") {
+  double worst = 0;
+  for_sampled_floats([&](float x) {
+    if (x > -87.3f && x < 88.3f) worst = std::max(worst, ulp_error(kernels::saturating_exp(x), std::exp(double(x))));
+  });
+  CHECK(worst <= 1.0);
+  CHECK(kernels::saturating_exp(0.0f) == 1.0f);
+  CHECK(kernels::saturating_exp(-1000.0f) == kernels::saturating_exp(-87.3f));
+  CHECK(kernels::saturating_exp(-1000.0f) > 0.0f);
+  CHECK(kernels::saturating_exp(std::numeric_limits<float>::infinity()) == kernels::saturating_exp(88.3f));
+  CHECK(std::isfinite(kernels::saturating_exp(88.3f)));
+  CHECK(std::isnan(kernels::saturating_exp(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE("saturating_tanh is within 2 ulp everywhere, odd, and keeps NaN") {
+  double worst = 0;
+  for_sampled_floats([&](float x) { worst = std::max(worst, ulp_error(kernels::saturating_tanh(x), std::tanh(double(x)))); });
+  CHECK(worst <= 2.0);
+  for (float x : {1e-30f, 1e-3f, 0.3f, 0.5499f, 0.55f, 0.56f, 1.0f, 4.0f, 9.5f, 30.0f})
+    CHECK(kernels::saturating_tanh(-x) == -kernels::saturating_tanh(x));
+  CHECK(kernels::saturating_tanh(10.0f) == 1.0f);
+  CHECK(kernels::saturating_tanh(-std::numeric_limits<float>::infinity()) == -1.0f);
+  CHECK(std::signbit(kernels::saturating_tanh(-0.0f)));
+  CHECK(std::isnan(kernels::saturating_tanh(std::numeric_limits<float>::quiet_NaN())));
+}
+
+TEST_CASE("the float sigmoid and tanh activations use them and stay within 3 ulp") {
+  double worst_sigmoid = 0, worst_tanh = 0;
+  for_sampled_floats([&](float x) {
+    if (x > -80.0f)
+      worst_sigmoid = std::max(worst_sigmoid, ulp_error(kernels::activate(activation::sigmoid, x, 0.0f),
+                                                        1.0 / (1.0 + std::exp(-double(x)))));
+    worst_tanh = std::max(worst_tanh, ulp_error(kernels::activate(activation::tanh, x, 0.0f), std::tanh(double(x))));
+  });
+  CHECK(worst_sigmoid <= 3.0);
+  CHECK(worst_tanh <= 2.0);
+  CHECK(kernels::activate(activation::sigmoid, -200.0f, 0.0f) >= 0.0f);
+  CHECK(kernels::activate(activation::sigmoid, -200.0f, 0.0f) < 1e-37f);
+  CHECK(kernels::activate(activation::sigmoid, 200.0f, 0.0f) == 1.0f);
+  // double keeps libm's functions.
+  CHECK(kernels::activate(activation::tanh, 0.3, 0.0) == std::tanh(0.3));
+}
