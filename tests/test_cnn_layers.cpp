@@ -423,3 +423,36 @@ TEST_CASE("Dropout: identity in evaluation, the expected fraction dropped in tra
   Net again(10, 3);
   CHECK(again.forward_backward(input, labels, loss::mse{}) == Net(10, 3).forward_backward(input, labels, loss::mse{}));
 }
+
+TEST_CASE("MaxPool 2x2 stride 2: the straight-line path gives the generic window's results, ties and NaN included") {
+  // Values from {0, 1, 2} make most windows tie; a few NaN must win their window and take its gradient.
+  for (const index_t height : {6, 7}) {  // 7: the last row and column lie outside every window
+    CAPTURE(height);
+    const conv_geometry g = make_pool_geometry(3, height, height, 2, 2, 2, 2, 0, 0, false);
+    REQUIRE(kernels::cpu::pooling_kernels::is_plain_2x2(g));
+    const index_t planes = 2 * g.channels, in_plane = g.height * g.width;
+    random_generator rng(17);
+    std::vector<float> x(static_cast<std::size_t>(planes * in_plane)), dy(static_cast<std::size_t>(planes * g.out_plane()));
+    for (auto& v : x) v = static_cast<float>(rng.below(3));
+    for (std::size_t i = 5; i < x.size(); i += 23) x[i] = std::nanf("");
+    for (auto& v : dy) v = rng.normal<float>();
+    std::vector<float> y(dy.size()), dx(x.size(), 0.5f);
+    kernels::cpu::pooling_kernels::max_pool_forward(x.data(), y.data(), planes, g);
+    kernels::cpu::pooling_kernels::max_pool_backward(x.data(), y.data(), dy.data(), dx.data(), planes, g, true);
+    std::vector<float> dx_expected(x.size(), 0.5f);
+    int nan_outputs = 0;
+    for (index_t p = 0; p < planes; ++p)
+      for (index_t oh = 0; oh < g.out_height; ++oh)
+        for (index_t ow = 0; ow < g.out_width; ++ow) {
+          const index_t o = p * g.out_plane() + oh * g.out_width + ow;
+          const float expected = kernels::max_pool_window(x.data() + p * in_plane, oh, ow, g,
+                                                          -std::numeric_limits<float>::infinity());
+          CHECK((y[o] == expected || (std::isnan(y[o]) && std::isnan(expected))));
+          nan_outputs += std::isnan(expected);
+          const index_t at = kernels::max_pool_argmax(x.data() + p * in_plane, expected, oh, ow, g);
+          dx_expected[static_cast<std::size_t>(p * in_plane + at)] += dy[static_cast<std::size_t>(o)];
+        }
+    CHECK(nan_outputs > 0);
+    CHECK(dx == dx_expected);
+  }
+}

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <initializer_list>
 #include <limits>
 
 #include "kiln/core/config.hpp"
@@ -16,6 +17,7 @@ namespace kiln::kernels::cpu {
 struct pooling_kernels {
   template <class T>
   static void max_pool_forward(const T* x, T* y, index_t planes, const conv_geometry& g) {
+    if (is_plain_2x2(g)) return max_pool_2x2_forward(x, y, planes, g);
     const index_t in_plane = g.height * g.width;
     for (index_t p = 0; p < planes; ++p) {
       const T* xp = x + p * in_plane;
@@ -31,6 +33,7 @@ struct pooling_kernels {
                                 bool accumulate) {
     const index_t in_plane = g.height * g.width;
     if (!accumulate) std::fill_n(dx, planes * in_plane, T(0));
+    if (is_plain_2x2(g)) return max_pool_2x2_backward(x, y, dy, dx, planes, g);
     for (index_t p = 0; p < planes; ++p) {
       const T* xp = x + p * in_plane;
       T* dxp = dx + p * in_plane;
@@ -41,6 +44,52 @@ struct pooling_kernels {
           if (at >= 0) dxp[at] += dy[o];
         }
     }
+  }
+
+  // The commonest pooling, 2 x 2 windows at stride 2 that all lie inside the plane (no padding, no partial ceil-mode
+  // window), written out: the generic loops above test every window position against the plane's edges, which a
+  // static layer's compiler folds away for its constant geometry but a dynamic module's cannot (perf: the generic
+  // loops made a dynamic 2-conv CNN's max pooling 2.8x the static layer's). Same comparisons, in the same order, as
+  // max_pool_window and max_pool_argmax: the same results.
+  static bool is_plain_2x2(const conv_geometry& g) {
+    return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 &&
+           g.dilation_h == 1 && g.dilation_w == 1 && 2 * g.out_height <= g.height && 2 * g.out_width <= g.width;
+  }
+  template <class T>
+  static void max_pool_2x2_forward(const T* x, T* y, index_t planes, const conv_geometry& g) {
+    const index_t W = g.width;
+    for (index_t p = 0; p < planes; ++p)
+      for (index_t oh = 0; oh < g.out_height; ++oh) {
+        const T* top = x + p * g.height * W + 2 * oh * W;
+        const T* bottom = top + W;
+        T* out = y + p * g.out_plane() + oh * g.out_width;
+        for (index_t ow = 0; ow < g.out_width; ++ow) {
+          T best = -std::numeric_limits<T>::infinity();
+          for (const T v : {top[2 * ow], top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]})
+            if (v > best || v != v) best = v;
+          out[ow] = best;
+        }
+      }
+  }
+  template <class T>
+  static void max_pool_2x2_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes,
+                                    const conv_geometry& g) {
+    const index_t W = g.width;
+    for (index_t p = 0; p < planes; ++p)
+      for (index_t oh = 0; oh < g.out_height; ++oh) {
+        const index_t row = p * g.height * W + 2 * oh * W;
+        const index_t o = p * g.out_plane() + oh * g.out_width;
+        for (index_t ow = 0; ow < g.out_width; ++ow) {
+          const T best = y[o + ow];
+          for (const index_t at : {row + 2 * ow, row + 2 * ow + 1, row + W + 2 * ow, row + W + 2 * ow + 1}) {
+            const T v = x[at];
+            if (v == best || (v != v && best != best)) {
+              dx[at] += dy[o + ow];
+              break;
+            }
+          }
+        }
+      }
   }
 
   template <class T>
