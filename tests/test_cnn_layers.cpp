@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -454,5 +455,43 @@ TEST_CASE("MaxPool 2x2 stride 2: the straight-line path gives the generic window
         }
     CHECK(nan_outputs > 0);
     CHECK(dx == dx_expected);
+  }
+}
+
+TEST_CASE("Conv2D forward and backward give the same bits on one thread and two (batch slices)") {
+  // Batch 16 with 16 x 16 planes: enough work per sample for policy::cpu to give each of two threads 8 samples.
+  struct conv_case {
+    index_t channels, out_channels, kernel, stride, pad, groups;
+  };
+  for (const conv_case cc : {conv_case{8, 16, 3, 1, 1, 1}, conv_case{8, 12, 3, 2, 0, 2}, conv_case{6, 10, 1, 1, 0, 1}}) {
+    CAPTURE(cc.kernel);
+    CAPTURE(cc.groups);
+    const conv_geometry g = make_conv_geometry(cc.channels, 16, 16, cc.out_channels, cc.kernel, cc.kernel, cc.stride,
+                                               cc.stride, cc.pad, cc.pad, 1, 1, cc.groups);
+    const index_t batch = 16;
+    random_generator rng(23);
+    auto values = [&](index_t n) {
+      std::vector<float> v(static_cast<std::size_t>(n));
+      for (auto& e : v) e = rng.normal<float>();
+      return v;
+    };
+    const auto x = values(batch * g.in_size()), weight = values(g.out_channels * g.group_k()),
+               bias = values(g.out_channels), dy = values(batch * g.out_size());
+    auto run = [&](int threads) {
+      const int saved = num_threads();
+      set_num_threads(threads);
+      std::vector<float> y(static_cast<std::size_t>(batch * g.out_size())), col(static_cast<std::size_t>(batch * g.col_size())),
+          dx(x.size()), dweight(weight.size()), dbias(bias.size());
+      policy::cpu::conv2d_forward<policy::cpu>(x.data(), weight.data(), bias.data(), y.data(), col.data(), batch, g);
+      policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), dx.data(), dweight.data(),
+                                                dbias.data(), col.data(), batch, g, false);
+      set_num_threads(saved);
+      std::vector<float> all = y;
+      for (const auto* v : {&dx, &dweight, &dbias}) all.insert(all.end(), v->begin(), v->end());
+      return all;
+    };
+    const auto one = run(1), two = run(2);
+    REQUIRE(one.size() == two.size());
+    CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
   }
 }

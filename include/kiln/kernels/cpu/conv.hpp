@@ -126,18 +126,22 @@ struct conv_kernels {
   static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
                              const conv_geometry& g) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
-    for (index_t n = 0; n < batch; ++n) {
-      const T* columns = x + n * g.in_size();
-      if (!g.pointwise()) {
-        T* c = col + n * g.col_size();
-        Policy::im2col(columns, c, g);
-        columns = c;
+    // Samples are independent: each thread takes a slice of the batch (im2col included), rather than every small
+    // per-sample GEMM forking and joining the threads while im2col runs on one.
+    Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
+      for (index_t n = n0; n < n1; ++n) {
+        const T* columns = x + n * g.in_size();
+        if (!g.pointwise()) {
+          T* c = col + n * g.col_size();
+          Policy::im2col(columns, c, g);
+          columns = c;
+        }
+        for (index_t grp = 0; grp < g.groups; ++grp)
+          Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
+                       columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane,
+                       plane);
       }
-      for (index_t grp = 0; grp < g.groups; ++grp)
-        Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
-                     columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane,
-                     plane);
-    }
+    });
     if (bias) Policy::add_channel_bias(y, bias, batch, g.out_channels, plane);
   }
 
@@ -149,22 +153,27 @@ struct conv_kernels {
                               index_t batch, const conv_geometry& g, bool accumulate) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
     if (dbias) Policy::sum_channels(dy, dbias, batch, g.out_channels, plane, accumulate);
-    for (index_t n = 0; n < batch; ++n) {
-      const T* columns = g.pointwise() ? x + n * g.in_size() : col + n * g.col_size();
-      const T* dyn = dy + n * g.out_size();
-      if (dweight) {
+    // The weight gradient sums over the samples in order (each GEMM threaded on its own), so its bits do not depend
+    // on the thread count; it reads every sample's columns before the input gradient overwrites them.
+    if (dweight)
+      for (index_t n = 0; n < batch; ++n) {
+        const T* columns = g.pointwise() ? x + n * g.in_size() : col + n * g.col_size();
         const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
         for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm(false, true, out_per_group, k, plane, T(1), dyn + grp * out_per_group * plane, plane,
-                       columns + grp * k * plane, plane, beta, dweight + grp * out_per_group * k, k);
+          Policy::gemm(false, true, out_per_group, k, plane, T(1), dy + n * g.out_size() + grp * out_per_group * plane,
+                       plane, columns + grp * k * plane, plane, beta, dweight + grp * out_per_group * k, k);
       }
-      if (!dx) continue;
-      T* dcol = g.pointwise() ? dx + n * g.in_size() : col + n * g.col_size();
-      for (index_t grp = 0; grp < g.groups; ++grp)
-        Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
-                     dyn + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane, plane);
-      if (!g.pointwise()) Policy::col2im(dcol, dx + n * g.in_size(), g);
-    }
+    if (!dx) return;
+    // The input gradient is per sample: batch slices, as in the forward.
+    Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
+      for (index_t n = n0; n < n1; ++n) {
+        T* dcol = g.pointwise() ? dx + n * g.in_size() : col + n * g.col_size();
+        for (index_t grp = 0; grp < g.groups; ++grp)
+          Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
+                       dy + n * g.out_size() + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane, plane);
+        if (!g.pointwise()) Policy::col2im(dcol, dx + n * g.in_size(), g);
+      }
+    });
   }
 
   // y[n, c, :] += bias[c] for a (batch, channels, plane) tensor.
