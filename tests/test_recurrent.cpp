@@ -16,9 +16,10 @@ using namespace kiln;
 
 namespace {
 
-std::vector<double> random_values(index_t n, random_generator& rng, double scale = 1.0) {
-  std::vector<double> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = rng.uniform<double>(-scale, scale);
+template <class T = double>
+std::vector<T> random_values(index_t n, random_generator& rng, T scale = T(1)) {
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = rng.uniform<T>(-scale, scale);
   return v;
 }
 
@@ -391,14 +392,11 @@ std::vector<float> run_layer(const rnn_dims& d, index_t seq, index_t batch) {
   random_generator rng(31);
   const rnn_plan<Cell> plan(d, seq, batch);
   const index_t out_n = seq * batch * d.output_size(), state_n = d.num_layers * d.directions() * batch * d.hidden_size;
-  auto values = [&](index_t n, float scale) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (auto& x : v) x = rng.uniform<float>(-scale, scale);
-    return v;
-  };
-  auto params = values(rnn_param_count<Cell>(d), 0.3f), x = values(seq * batch * d.input_size, 1.0f),
-       h0 = values(state_n, 1.0f), c0 = values(state_n, 1.0f), dout = values(out_n, 1.0f),
-       dh_n = values(state_n, 1.0f), dc_n = values(state_n, 1.0f);
+  auto params = random_values(rnn_param_count<Cell>(d), rng, 0.3f),
+       x = random_values(seq * batch * d.input_size, rng, 1.0f), h0 = random_values(state_n, rng, 1.0f),
+       c0 = random_values(state_n, rng, 1.0f),
+       dout = random_values(out_n, rng, 1.0f), dh_n = random_values(state_n, rng, 1.0f),
+       dc_n = random_values(state_n, rng, 1.0f);
   std::vector<float> saved(static_cast<std::size_t>(plan.saved_size)), temp(static_cast<std::size_t>(plan.temp_size));
   std::vector<float> out(static_cast<std::size_t>(out_n)), hn(h0.size()), cn(h0.size()), dx(x.size()), dh0(h0.size()),
       dc0(h0.size()), dparams(params.size(), 0.0f);

@@ -7,38 +7,50 @@
 
 namespace kiln::kernels {
 
-// The maximum of window (oh, ow) of plane xp: padding counts as `lowest` (-inf), and the first NaN wins, as in PyTorch.
+// Max pooling's two comparisons. A value replaces the best so far when it is larger or NaN (the first NaN wins, as in
+// PyTorch); the gradient goes to the first element that equals the maximum, NaN matching NaN.
 template <class T>
-KILN_HOST_DEVICE T max_pool_window(const T* xp, index_t oh, index_t ow, const cpu::conv_geometry& g, T lowest) {
-  T best = lowest;
-  for (index_t i = 0; i < g.kernel_h; ++i) {
-    const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
-    if (ih < 0 || ih >= g.height) continue;
-    for (index_t j = 0; j < g.kernel_w; ++j) {
-      const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
-      if (iw < 0 || iw >= g.width) continue;
-      const T v = xp[ih * g.width + iw];
-      if (v > best || v != v) best = v;
-    }
-  }
-  return best;
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE bool max_pool_prefers(T v, T best) {
+  return v > best || v != v;
+}
+template <class T>
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE bool max_pool_matches(T v, T best) {
+  return v == best || (v != v && best != best);
 }
 
-// The offset (within its plane) of the first element of window (oh, ow) that equals best (NaN matching NaN), or -1:
-// where max pooling's gradient goes.
-template <class T>
-KILN_HOST_DEVICE index_t max_pool_argmax(const T* xp, T best, index_t oh, index_t ow, const cpu::conv_geometry& g) {
+// Calls visit(v) for the elements of window (oh, ow) of plane xp that lie inside the plane, row by row, until visit
+// returns true; returns the offset (within the plane) of that element, or -1.
+template <class T, class Visit>
+KILN_HOST_DEVICE index_t scan_pool_window(const T* xp, index_t oh, index_t ow, const cpu::conv_geometry& g,
+                                          Visit&& visit) {
   for (index_t i = 0; i < g.kernel_h; ++i) {
     const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
     if (ih < 0 || ih >= g.height) continue;
     for (index_t j = 0; j < g.kernel_w; ++j) {
       const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
       if (iw < 0 || iw >= g.width) continue;
-      const T v = xp[ih * g.width + iw];
-      if (v == best || (v != v && best != best)) return ih * g.width + iw;
+      if (visit(xp[ih * g.width + iw])) return ih * g.width + iw;
     }
   }
   return -1;
+}
+
+// The maximum of window (oh, ow) of plane xp: padding counts as `lowest` (-inf).
+template <class T>
+KILN_HOST_DEVICE T max_pool_window(const T* xp, index_t oh, index_t ow, const cpu::conv_geometry& g, T lowest) {
+  T best = lowest;
+  scan_pool_window(xp, oh, ow, g, [&](T v) {
+    if (max_pool_prefers(v, best)) best = v;
+    return false;
+  });
+  return best;
+}
+
+// The offset (within its plane) of the first element of window (oh, ow) that matches best, or -1: where max
+// pooling's gradient goes.
+template <class T>
+KILN_HOST_DEVICE index_t max_pool_argmax(const T* xp, T best, index_t oh, index_t ow, const cpu::conv_geometry& g) {
+  return scan_pool_window(xp, oh, ow, g, [&](T v) { return max_pool_matches(v, best); });
 }
 
 // The divisor of output (oh, ow) of an average pool (PyTorch's rules): the window clipped to the padded input

@@ -341,9 +341,10 @@ void rnn_backward(const rnn_dims& d, index_t seq, index_t batch, const T* params
           const T* state_prev = s == 0 ? (c_first ? c_first + b0 * H : nullptr)
                                        : detail::step_rows(S, t_prev, batch, H) + b0 * H;
           Cell::template step_backward<Policy>(
-              b1 - b0, H, w_hh, detail::step_rows(G, t, batch, GH) + b0 * GH, detail::step_rows(S, t, batch, H) + b0 * H,
-              state_prev, h_prev, ld_h_prev, detail::step_rows(dy_cur, t, batch, W) + b0 * W + dir * H, W,
-              dh + b0 * H, dc + b0 * H, dgh_all ? detail::step_rows(dgh_all, t, batch, GH) + b0 * GH : nullptr);
+              b1 - b0, H, w_hh, detail::step_rows(G, t, batch, GH) + b0 * GH,
+              detail::step_rows(S, t, batch, H) + b0 * H, state_prev, h_prev, ld_h_prev,
+              detail::step_rows(dy_cur, t, batch, W) + b0 * W + dir * H, W, dh + b0 * H, dc + b0 * H,
+              dgh_all ? detail::step_rows(dgh_all, t, batch, GH) + b0 * GH : nullptr);
         }
       });
       if (dh0) Policy::copy(dh, dh0 + slot, batch * H);

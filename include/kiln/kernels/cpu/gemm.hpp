@@ -51,6 +51,19 @@ inline constexpr index_t parallel_min_work = 64 * 64 * 64;
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 inline index_t round_up(index_t a, index_t b) { return ceil_div(a, b) * b; }
 
+// The depth of every k block but the last (balanced, see cache_block): the blocked GEMM and pack_gemm_b cut k alike.
+template <class T>
+index_t k_block_depth(index_t k) {
+  return ceil_div(k, ceil_div(k, cache_block<T>::kc));
+}
+// Where the k block starting at pc, column panel `panel` (columns panel * nr ...), of a B packed whole (n columns,
+// kc deep in this block) starts: every k block holds the panels of all of n, each kc x nr.
+template <class T>
+index_t packed_b_panel_offset(index_t pc, index_t kc, index_t n, index_t panel) {
+  constexpr index_t nr = register_block<T>::nr;
+  return pc * round_up(n, nr) + panel * kc * nr;
+}
+
 // The arguments of one GEMM call, passed to the per-thread drivers.
 template <class T>
 struct gemm_problem {
@@ -199,8 +212,7 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
   constexpr int width = register_block<T>::width;
   if (i0 >= i1 || j0 >= j1) return;
 
-  const index_t k_blocks = ceil_div(g.k, cache_block<T>::kc);
-  const index_t kc_max = ceil_div(g.k, k_blocks);
+  const index_t kc_max = k_block_depth<T>(g.k);
   const index_t n_blocks = ceil_div(j1 - j0, cache_block<T>::nc);
   const index_t nc_max = round_up(ceil_div(j1 - j0, n_blocks), nr);
 
@@ -228,7 +240,7 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
     for (index_t pc = 0; pc < g.k; pc += kc_max) {
       const index_t kc = std::min(kc_max, g.k - pc);
       // A prepacked B holds every k block's panels for all of n (see pack_gemm_b): this block's start in it.
-      const T* b_block = g.b_packed ? g.b_packed + pc * round_up(g.n, nr) + (jc / nr) * kc * nr : b_packed;
+      const T* b_block = g.b_packed ? g.b_packed + packed_b_panel_offset<T>(pc, kc, g.n, jc / nr) : b_packed;
       if (!g.b_packed)
         for (index_t q = 0; q < n_panels; ++q) {
           const int cols = int(std::min<index_t>(nr, nc - q * nr));
@@ -335,13 +347,13 @@ template <class T>
 void pack_gemm_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb, T* packed) {
   using namespace gemm_detail;
   constexpr int nr = register_block<T>::nr;
-  const index_t kc_max = ceil_div(k, ceil_div(k, cache_block<T>::kc));
+  const index_t kc_max = k_block_depth<T>(k);
   const gemm_problem<T> g{false, transpose_b, 0, n, k, T(1), nullptr, 0, b, ldb, T(0), nullptr, 0, nullptr};
   for (index_t pc = 0; pc < k; pc += kc_max) {
     const index_t kc = std::min(kc_max, k - pc);
     for (index_t q = 0; q * nr < n; ++q)
       pack_b<T, nr>(transpose_b, g.b_at(pc, q * nr), ldb, int(std::min<index_t>(nr, n - q * nr)), kc,
-                    packed + pc * round_up(n, nr) + q * kc * nr);
+                    packed + packed_b_panel_offset<T>(pc, kc, n, q));
   }
 }
 

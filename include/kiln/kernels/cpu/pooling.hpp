@@ -49,8 +49,8 @@ struct pooling_kernels {
   // The commonest pooling, 2 x 2 windows at stride 2 that all lie inside the plane (no padding, no partial ceil-mode
   // window), written out: the generic loops above test every window position against the plane's edges, which a
   // static layer's compiler folds away for its constant geometry but a dynamic module's cannot (perf: the generic
-  // loops made a dynamic 2-conv CNN's max pooling 2.8x the static layer's). Same comparisons, in the same order, as
-  // max_pool_window and max_pool_argmax: the same results.
+  // loops made a dynamic 2-conv CNN's max pooling 2.8x the static layer's). The same comparisons (max_pool_prefers,
+  // max_pool_matches) in the same window order as max_pool_window and max_pool_argmax: the same results.
   static bool is_plain_2x2(const conv_geometry& g) {
     return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 &&
            g.dilation_h == 1 && g.dilation_w == 1 && 2 * g.out_height <= g.height && 2 * g.out_width <= g.width;
@@ -66,7 +66,7 @@ struct pooling_kernels {
         for (index_t ow = 0; ow < g.out_width; ++ow) {
           T best = -std::numeric_limits<T>::infinity();
           for (const T v : {top[2 * ow], top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]})
-            if (v > best || v != v) best = v;
+            if (max_pool_prefers(v, best)) best = v;
           out[ow] = best;
         }
       }
@@ -82,8 +82,7 @@ struct pooling_kernels {
         for (index_t ow = 0; ow < g.out_width; ++ow) {
           const T best = y[o + ow];
           for (const index_t at : {row + 2 * ow, row + 2 * ow + 1, row + W + 2 * ow, row + W + 2 * ow + 1}) {
-            const T v = x[at];
-            if (v == best || (v != v && best != best)) {
+            if (max_pool_matches(x[at], best)) {
               dx[at] += dy[o + ow];
               break;
             }

@@ -64,8 +64,9 @@ struct recurrent_kernels {
     with_flags(c_prev != nullptr, dy != nullptr, [&](auto has_prev, auto has_dy) {
       for (index_t b = 0; b < batch; ++b) {
         T* g = gates + b * 4 * H;
-        lstm_row_backward<has_prev, has_dy>(H, g, g + H, g + 2 * H, g + 3 * H, c_prev + b * ld_c_prev * has_prev,
-                                            c + b * H, dy + b * ld_dy * has_dy, dh + b * H, dc + b * H);
+        lstm_row_backward<has_prev, has_dy>(H, g, g + H, g + 2 * H, g + 3 * H,
+                                            has_prev ? c_prev + b * ld_c_prev : nullptr, c + b * H,
+                                            has_dy ? dy + b * ld_dy : nullptr, dh + b * H, dc + b * H);
       }
     });
   }
@@ -105,8 +106,8 @@ struct recurrent_kernels {
       for (index_t b = 0; b < batch; ++b) {
         T* x = gx + b * 3 * H;
         const T* hh = gh + b * 3 * H;
-        gru_row_forward<has_prev>(H, x, x + H, x + 2 * H, hh, hh + H, hh + 2 * H, h_prev + b * ld_h_prev * has_prev,
-                                  hn_saved + b * H, h + b * ld_h);
+        gru_row_forward<has_prev>(H, x, x + H, x + 2 * H, hh, hh + H, hh + 2 * H,
+                                  has_prev ? h_prev + b * ld_h_prev : nullptr, hn_saved + b * H, h + b * ld_h);
       }
     });
   }
@@ -142,7 +143,8 @@ struct recurrent_kernels {
         T* x = gx + b * 3 * H;
         T* d = dgh + b * 3 * H;
         gru_row_backward<has_prev, has_dy>(H, x, x + H, x + 2 * H, d, d + H, d + 2 * H, hn_saved + b * H,
-                                           h_prev + b * ld_h_prev * has_prev, dy + b * ld_dy * has_dy, dh + b * H);
+                                           has_prev ? h_prev + b * ld_h_prev : nullptr,
+                                           has_dy ? dy + b * ld_dy : nullptr, dh + b * H);
       }
     });
   }
@@ -174,7 +176,7 @@ struct recurrent_kernels {
 
   // Calls body(has_a, has_b) with std::bool_constant arguments, so that a row loop whose optional operands (a
   // previous state, an output gradient) are null is compiled without the test, and without a conditional load that
-  // would stop vectorisation. The pointer arithmetic above multiplies null operands' offsets by false (0).
+  // would stop vectorisation.
   template <class Body>
   static void with_flags(bool a, bool b, Body body) {
     if (a) {
