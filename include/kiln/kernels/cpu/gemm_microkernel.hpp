@@ -51,7 +51,8 @@ KILN_ALWAYS_INLINE T scalar_fmadd(T a, T b, T c) {
 
 // ---- SIMD layer -----------------------------------------------------------------------------------------------------
 // simd<T>::reg holds `width` values of T. load/store take unaligned pointers; *_n variants touch only the first n
-// lanes (1 <= n <= width) and read zeros elsewhere. relu/leaky_relu are bit-identical to kernels::activate.
+// lanes (load_n: 1 <= n <= width; store_n: 1 <= n < width) and read zeros elsewhere. relu/leaky_relu are
+// bit-identical to kernels::activate.
 
 template <class T>
 struct simd_portable {

@@ -34,7 +34,7 @@ struct capturable_adam_op {
     const T bias_correction1 = T(1) - static_cast<T>(pow(static_cast<double>(op.a.beta1), s));
     const T bias_correction2 = T(1) - static_cast<T>(pow(static_cast<double>(op.a.beta2), s));
     adam_op<T> now = op;
-    now.c = {op.a.lr / bias_correction1, sqrt(bias_correction2), T(1) - op.a.lr * op.a.weight_decay};
+    now.c = {op.a.lr / bias_correction1, T(1) / bias_correction2, T(1) - op.a.lr * op.a.weight_decay};
     now.template apply<W>(i);
   }
 };

@@ -49,7 +49,7 @@ struct sgd_op {
 // Adam's per-step constants, from the host.
 template <class T>
 struct adam_constants {
-  T step_size, bias_correction2_sqrt, decay;
+  T step_size, inverse_bias_correction2, decay;
 };
 
 template <class T>
@@ -81,7 +81,7 @@ struct adam_op {
         second = vmax.v[k] < second ? second : vmax.v[k];
         vmax.v[k] = second;
       }
-      const T denom = sqrt(second) / c.bias_correction2_sqrt + a.eps;
+      const T denom = sqrt(second * c.inverse_bias_correction2) + a.eps;  // as the CPU kernel
       p.v[k] = p.v[k] - c.step_size * (m.v[k] / denom);
     }
     store<W>(exp_avg + i, m);
@@ -127,7 +127,7 @@ struct optim_kernels {
     const double step = static_cast<double>(a.step);
     const T bias_correction1 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step));
     const T bias_correction2 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step));
-    const detail::adam_constants<T> c{a.lr / bias_correction1, std::sqrt(bias_correction2),
+    const detail::adam_constants<T> c{a.lr / bias_correction1, T(1) / bias_correction2,
                                       T(1) - a.lr * a.weight_decay};
     detail::launch_map<T>(n, detail::adam_op<T>{param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, a, c}, param, grad,
                           exp_avg, exp_avg_sq, a.amsgrad ? exp_avg_sq_max : static_cast<T*>(nullptr));
