@@ -231,7 +231,13 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
   // only once or twice, and then it is read in place. Full-width B panels only, so that no load runs past a row. A
   // transposed A whose rows are short (a Dense layer's output gradient read for its weight gradient) already lies
   // almost as a packed panel does, in a few consecutive cache lines per step of k: it is never packed.
-  const bool a_in_place = ceil_div(std::min(nc_max, j1 - j0), nr) == 1 || (g.transpose_a && g.lda <= 2 * mr);
+  // An untransposed A is read in place too: the micro-kernel broadcasts one element per row and step of k, so its mr
+  // rows are mr streams through the same L1 lines a packed panel would fill, and packing bought nothing measurable
+  // on one thread. On two threads splitting the columns, it made each thread pack all of A (an MNIST MLP layer's
+  // 64 x 784 input: 104 -> 92 us). The exception is rows 4 KiB apart, whose mr streams would fall in one L1 set.
+  const bool a_rows_alias = !g.transpose_a && (g.lda * index_t(sizeof(T))) % 4096 == 0;
+  const bool a_in_place = ceil_div(std::min(nc_max, j1 - j0), nr) == 1 || (g.transpose_a && g.lda <= 2 * mr) ||
+                          (!g.transpose_a && !a_rows_alias);
   const bool b_in_place = !g.transpose_b && ceil_div(i1 - i0, index_t(mr)) <= 2;
   const epilogue<T>& ep = *g.ep;
   for (index_t jc = j0; jc < j1; jc += nc_max) {
