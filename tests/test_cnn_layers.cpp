@@ -495,3 +495,52 @@ TEST_CASE("Conv2D forward and backward give the same bits on one thread and two 
     CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
   }
 }
+
+TEST_CASE("Pooling and activations over a convolution's output give the same bits on one thread and two") {
+  // 128 planes of 24 x 24: enough elements for policy::cpu to cut the planes (and the activation's elements) into
+  // one slice per thread. The backward runs both overwriting and accumulating; dx starts from a guard value.
+  const conv_geometry max_g = make_pool_geometry(128, 24, 24, 2, 2, 2, 2, 0, 0, false);  // the 2x2 straight-line path
+  const conv_geometry window_g = make_pool_geometry(128, 24, 24, 3, 3, 2, 2, 1, 1, true);  // the generic windows
+  const index_t planes = max_g.channels, in_plane = max_g.height * max_g.width;
+  random_generator rng(29);
+  std::vector<float> x(static_cast<std::size_t>(planes * in_plane));
+  for (auto& v : x) v = rng.normal<float>();
+  auto run = [&](int threads) {
+    const int saved = num_threads();
+    set_num_threads(threads);
+    std::vector<float> all;
+    for (const conv_geometry* g : {&max_g, &window_g}) {
+      const auto out = static_cast<std::size_t>(planes * g->out_plane());
+      std::vector<float> y(out), avg(out), dy(out);
+      for (std::size_t i = 0; i < out; ++i) dy[i] = float(i % 7) - 3.0f;
+      policy::cpu::max_pool_forward(x.data(), y.data(), planes, *g);
+      policy::cpu::avg_pool_forward(x.data(), avg.data(), planes, *g, false);
+      for (bool accumulate : {false, true}) {
+        std::vector<float> dx_max(x.size(), 0.25f), dx_avg(x.size(), 0.25f);
+        policy::cpu::max_pool_backward(x.data(), y.data(), dy.data(), dx_max.data(), planes, *g, accumulate);
+        policy::cpu::avg_pool_backward(dy.data(), dx_avg.data(), planes, *g, false, accumulate);
+        all.insert(all.end(), dx_max.begin(), dx_max.end());
+        all.insert(all.end(), dx_avg.begin(), dx_avg.end());
+      }
+      all.insert(all.end(), y.begin(), y.end());
+      all.insert(all.end(), avg.begin(), avg.end());
+    }
+    for (const activation a : {activation::relu, activation::gelu}) {
+      std::vector<float> y(x.size()), dx(x.size(), 0.25f);
+      policy::cpu::activation_forward(a, x.data(), y.data(), index_t(x.size()), 0.01f);
+      policy::cpu::activation_backward(a, x.data(), y.data(), x.data(), dx.data(), index_t(x.size()), 0.01f, true);
+      all.insert(all.end(), y.begin(), y.end());
+      all.insert(all.end(), dx.begin(), dx.end());
+    }
+    set_num_threads(saved);
+    return all;
+  };
+  const auto one = run(1), two = run(2);
+  REQUIRE(one.size() == two.size());
+  CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+  // The forward results are real pooling: spot-check one window of each kind against the generic window.
+  const float expected = kernels::max_pool_window(x.data(), 3, 4, max_g, -std::numeric_limits<float>::infinity());
+  std::vector<float> y(static_cast<std::size_t>(planes * max_g.out_plane()));
+  policy::cpu::max_pool_forward(x.data(), y.data(), planes, max_g);
+  CHECK(y[static_cast<std::size_t>(3 * max_g.out_width + 4)] == expected);
+}

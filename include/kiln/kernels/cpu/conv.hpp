@@ -140,9 +140,10 @@ struct conv_kernels {
           Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
                        columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane,
                        plane);
+        // The bias goes on each sample while its output is still in cache, on the sample's thread.
+        if (bias) Policy::add_channel_bias(y + n * g.out_size(), bias, 1, g.out_channels, plane);
       }
     });
-    if (bias) Policy::add_channel_bias(y, bias, batch, g.out_channels, plane);
   }
 
   // Given dL/dy: dweight (+)= sum over samples of dy_n col_n^T, dbias (+)= channel sums of dy (accumulate adds;
@@ -186,16 +187,25 @@ struct conv_kernels {
         for (index_t s = 0; s < plane; ++s) p[s] += b;
       }
   }
-  // sums[c] (+)= sum over n and the plane of dy[n, c, :]: the bias gradient of a convolution.
+  // sums[c] (+)= sum over n and the plane of dy[n, c, :]: the bias gradient of a convolution. Each channel's terms
+  // go round `lanes` partial sums (term s of a plane into lane s mod lanes), added at the end in a fixed tree: one
+  // running sum made every add wait for the one before, 4 cycles each, 3.6 ms of an MNIST CNN step.
   template <class T>
   static void sum_channels(const T* dy, T* sums, index_t batch, index_t channels, index_t plane, bool accumulate) {
+    constexpr int lanes = 16;
     for (index_t c = 0; c < channels; ++c) {
-      sum_type<T> total = 0;
+      sum_type<T> partial[lanes] = {};
       for (index_t n = 0; n < batch; ++n) {
         const T* p = dy + (n * channels + c) * plane;
-        for (index_t s = 0; s < plane; ++s) total += p[s];
+        index_t s = 0;
+        for (; s + lanes <= plane; s += lanes)
+          for (int l = 0; l < lanes; ++l) partial[l] += p[s + l];
+        for (int l = 0; s + l < plane; ++l) partial[l] += p[s + l];
       }
-      sums[c] = accumulate ? sums[c] + static_cast<T>(total) : static_cast<T>(total);
+      for (int span = 1; span < lanes; span *= 2)
+        for (int l = 0; l + span < lanes; l += 2 * span) partial[l] += partial[l + span];
+      const T total = static_cast<T>(partial[0]);
+      sums[c] = accumulate ? sums[c] + total : total;
     }
   }
 };

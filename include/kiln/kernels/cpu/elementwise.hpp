@@ -7,6 +7,7 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -25,11 +26,13 @@ KILN_ALWAYS_INLINE void with_activation(activation a, Body&& body) {
 
 // The element-wise kernels of the CPU policies.
 struct elementwise_kernels {
-  // y = f(x); y may alias x.
+  // y = f(x); y may alias x. Long arrays (a convolution's output) are split over the threads.
   template <class T>
   static void activation_forward(activation a, const T* x, T* y, index_t n, T slope) {
     with_activation(a, [&](auto act) {
-      for (index_t i = 0; i < n; ++i) y[i] = activate(act.value, x[i], slope);
+      parallel_chunks<T>(n, [&](index_t begin, index_t end) {
+        for (index_t i = begin; i < end; ++i) y[i] = activate(act.value, x[i], slope);
+      });
     });
   }
   // dx = dy * f'(x), from the input x and/or the output y (either may be null when the activation does not use it).
@@ -38,10 +41,12 @@ struct elementwise_kernels {
   static void activation_backward(activation a, const T* x, const T* y, const T* dy, T* dx, index_t n, T slope,
                                   bool accumulate = false) {
     with_activation(a, [&](auto act) {
-      for (index_t i = 0; i < n; ++i) {
-        T g = activate_backward(act.value, x ? x[i] : T(0), y ? y[i] : T(0), dy[i], slope);
-        dx[i] = accumulate ? dx[i] + g : g;
-      }
+      parallel_chunks<T>(n, [&](index_t begin, index_t end) {
+        for (index_t i = begin; i < end; ++i) {
+          T g = activate_backward(act.value, x ? x[i] : T(0), y ? y[i] : T(0), dy[i], slope);
+          dx[i] = accumulate ? dx[i] + g : g;
+        }
+      });
     });
   }
 

@@ -8,42 +8,49 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/kernels/cpu/conv.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/pool_window.hpp"
 
 namespace kiln::kernels::cpu {
 
 // The pooling kernels of the CPU policies. planes = batch * channels; g gives the window (dilation for max only).
+// Planes are independent: large inputs (a convolution's output) are cut into one slice of planes per thread, each
+// plane computed by the same code on any thread.
 struct pooling_kernels {
   template <class T>
   static void max_pool_forward(const T* x, T* y, index_t planes, const conv_geometry& g) {
-    if (is_plain_2x2(g)) return max_pool_2x2_forward(x, y, planes, g);
     const index_t in_plane = g.height * g.width;
-    for (index_t p = 0; p < planes; ++p) {
-      const T* xp = x + p * in_plane;
-      T* yp = y + p * g.out_plane();
-      for (index_t oh = 0; oh < g.out_height; ++oh)
-        for (index_t ow = 0; ow < g.out_width; ++ow)
-          yp[oh * g.out_width + ow] = max_pool_window(xp, oh, ow, g, -std::numeric_limits<T>::infinity());
-    }
+    for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
+      if (is_plain_2x2(g)) return max_pool_2x2_forward(x, y, p0, p1, g);
+      for (index_t p = p0; p < p1; ++p) {
+        const T* xp = x + p * in_plane;
+        T* yp = y + p * g.out_plane();
+        for (index_t oh = 0; oh < g.out_height; ++oh)
+          for (index_t ow = 0; ow < g.out_width; ++ow)
+            yp[oh * g.out_width + ow] = max_pool_window(xp, oh, ow, g, -std::numeric_limits<T>::infinity());
+      }
+    });
   }
   // dx (+)= dy routed to the first element of each window that equals the window's maximum y.
   template <class T>
   static void max_pool_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes, const conv_geometry& g,
                                 bool accumulate) {
     const index_t in_plane = g.height * g.width;
-    if (!accumulate) std::fill_n(dx, planes * in_plane, T(0));
-    if (is_plain_2x2(g)) return max_pool_2x2_backward(x, y, dy, dx, planes, g);
-    for (index_t p = 0; p < planes; ++p) {
-      const T* xp = x + p * in_plane;
-      T* dxp = dx + p * in_plane;
-      for (index_t oh = 0; oh < g.out_height; ++oh)
-        for (index_t ow = 0; ow < g.out_width; ++ow) {
-          const index_t o = p * g.out_plane() + oh * g.out_width + ow;
-          const index_t at = max_pool_argmax(xp, y[o], oh, ow, g);
-          if (at >= 0) dxp[at] += dy[o];
-        }
-    }
+    for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
+      if (!accumulate) std::fill_n(dx + p0 * in_plane, (p1 - p0) * in_plane, T(0));
+      if (is_plain_2x2(g)) return max_pool_2x2_backward(x, y, dy, dx, p0, p1, g);
+      for (index_t p = p0; p < p1; ++p) {
+        const T* xp = x + p * in_plane;
+        T* dxp = dx + p * in_plane;
+        for (index_t oh = 0; oh < g.out_height; ++oh)
+          for (index_t ow = 0; ow < g.out_width; ++ow) {
+            const index_t o = p * g.out_plane() + oh * g.out_width + ow;
+            const index_t at = max_pool_argmax(xp, y[o], oh, ow, g);
+            if (at >= 0) dxp[at] += dy[o];
+          }
+      }
+    });
   }
 
   // The commonest pooling, 2 x 2 windows at stride 2 that all lie inside the plane (no padding, no partial ceil-mode
@@ -55,10 +62,11 @@ struct pooling_kernels {
     return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 &&
            g.dilation_h == 1 && g.dilation_w == 1 && 2 * g.out_height <= g.height && 2 * g.out_width <= g.width;
   }
+  // Planes [p0, p1).
   template <class T>
-  static void max_pool_2x2_forward(const T* x, T* y, index_t planes, const conv_geometry& g) {
+  static void max_pool_2x2_forward(const T* x, T* y, index_t p0, index_t p1, const conv_geometry& g) {
     const index_t W = g.width;
-    for (index_t p = 0; p < planes; ++p)
+    for (index_t p = p0; p < p1; ++p)
       for (index_t oh = 0; oh < g.out_height; ++oh) {
         const T* top = x + p * g.height * W + 2 * oh * W;
         const T* bottom = top + W;
@@ -72,10 +80,10 @@ struct pooling_kernels {
       }
   }
   template <class T>
-  static void max_pool_2x2_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes,
+  static void max_pool_2x2_backward(const T* x, const T* y, const T* dy, T* dx, index_t p0, index_t p1,
                                     const conv_geometry& g) {
     const index_t W = g.width;
-    for (index_t p = 0; p < planes; ++p)
+    for (index_t p = p0; p < p1; ++p)
       for (index_t oh = 0; oh < g.out_height; ++oh) {
         const index_t row = p * g.height * W + 2 * oh * W;
         const index_t o = p * g.out_plane() + oh * g.out_width;
@@ -94,40 +102,44 @@ struct pooling_kernels {
   template <class T>
   static void avg_pool_forward(const T* x, T* y, index_t planes, const conv_geometry& g, bool count_include_pad) {
     const index_t in_plane = g.height * g.width;
-    for (index_t p = 0; p < planes; ++p) {
-      const T* xp = x + p * in_plane;
-      T* yp = y + p * g.out_plane();
-      for (index_t oh = 0; oh < g.out_height; ++oh)
-        for (index_t ow = 0; ow < g.out_width; ++ow) {
-          const index_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
-          T sum = T(0);
-          for (index_t ih = std::max<index_t>(h0, 0); ih < std::min(h0 + g.kernel_h, g.height); ++ih)
-            for (index_t iw = std::max<index_t>(w0, 0); iw < std::min(w0 + g.kernel_w, g.width); ++iw)
-              sum += xp[ih * g.width + iw];
-          const index_t d = avg_pool_divisor(oh, ow, g, count_include_pad);
-          yp[oh * g.out_width + ow] = d > 0 ? sum / static_cast<T>(d) : T(0);
-        }
-    }
+    for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
+      for (index_t p = p0; p < p1; ++p) {
+        const T* xp = x + p * in_plane;
+        T* yp = y + p * g.out_plane();
+        for (index_t oh = 0; oh < g.out_height; ++oh)
+          for (index_t ow = 0; ow < g.out_width; ++ow) {
+            const index_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
+            T sum = T(0);
+            for (index_t ih = std::max<index_t>(h0, 0); ih < std::min(h0 + g.kernel_h, g.height); ++ih)
+              for (index_t iw = std::max<index_t>(w0, 0); iw < std::min(w0 + g.kernel_w, g.width); ++iw)
+                sum += xp[ih * g.width + iw];
+            const index_t d = avg_pool_divisor(oh, ow, g, count_include_pad);
+            yp[oh * g.out_width + ow] = d > 0 ? sum / static_cast<T>(d) : T(0);
+          }
+      }
+    });
   }
   template <class T>
   static void avg_pool_backward(const T* dy, T* dx, index_t planes, const conv_geometry& g, bool count_include_pad,
                                 bool accumulate) {
     const index_t in_plane = g.height * g.width;
-    if (!accumulate) std::fill_n(dx, planes * in_plane, T(0));
-    for (index_t p = 0; p < planes; ++p) {
-      const T* dyp = dy + p * g.out_plane();
-      T* dxp = dx + p * in_plane;
-      for (index_t oh = 0; oh < g.out_height; ++oh)
-        for (index_t ow = 0; ow < g.out_width; ++ow) {
-          const index_t d = avg_pool_divisor(oh, ow, g, count_include_pad);
-          if (d <= 0) continue;
-          const T share = dyp[oh * g.out_width + ow] / static_cast<T>(d);
-          const index_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
-          for (index_t ih = std::max<index_t>(h0, 0); ih < std::min(h0 + g.kernel_h, g.height); ++ih)
-            for (index_t iw = std::max<index_t>(w0, 0); iw < std::min(w0 + g.kernel_w, g.width); ++iw)
-              dxp[ih * g.width + iw] += share;
-        }
-    }
+    for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
+      if (!accumulate) std::fill_n(dx + p0 * in_plane, (p1 - p0) * in_plane, T(0));
+      for (index_t p = p0; p < p1; ++p) {
+        const T* dyp = dy + p * g.out_plane();
+        T* dxp = dx + p * in_plane;
+        for (index_t oh = 0; oh < g.out_height; ++oh)
+          for (index_t ow = 0; ow < g.out_width; ++ow) {
+            const index_t d = avg_pool_divisor(oh, ow, g, count_include_pad);
+            if (d <= 0) continue;
+            const T share = dyp[oh * g.out_width + ow] / static_cast<T>(d);
+            const index_t h0 = oh * g.stride_h - g.pad_h, w0 = ow * g.stride_w - g.pad_w;
+            for (index_t ih = std::max<index_t>(h0, 0); ih < std::min(h0 + g.kernel_h, g.height); ++ih)
+              for (index_t iw = std::max<index_t>(w0, 0); iw < std::min(w0 + g.kernel_w, g.width); ++iw)
+                dxp[ih * g.width + iw] += share;
+          }
+      }
+    });
   }
 
   // y[p] = mean of plane p of x (planes of `plane` elements).
@@ -145,6 +157,13 @@ struct pooling_kernels {
       const T share = dy[p] / static_cast<T>(plane);
       for (index_t s = 0; s < plane; ++s) dx[p * plane + s] = accumulate ? dx[p * plane + s] + share : share;
     }
+  }
+
+ private:
+  template <class Body>
+  static void for_plane_slices(index_t planes, index_t plane_elements, Body&& body) {
+    const index_t min_planes = parallel_min_elements_per_thread / std::max<index_t>(plane_elements, 1);
+    parallel_row_slices(planes, std::max<index_t>(min_planes, 1), body);
   }
 };
 
