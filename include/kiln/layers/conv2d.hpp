@@ -2,8 +2,9 @@
 // bias. The math lives in the policy's conv2d_forward / conv2d_backward kernels: on the CPU (and policy::cuda) im2col
 // of each sample into a column matrix, then one GEMM per group (a 1x1 kernel with unit stride reads the input
 // directly); policy::cudnn calls cuDNN. Static mode's kiln::Conv2D and dynamic mode's nn::Conv2d both call
-// conv2d_forward and conv2d_backward; the column matrices live in the layer's scratch (static) or in a node the tape
-// keeps (dynamic), and are reused by the backward for the weight gradient.
+// conv2d_forward and conv2d_backward; the column-matrix scratch lives in the layer's scratch (static) or in a node
+// the tape keeps (dynamic). policy::cuda keeps the batch's column matrices there for the backward; the CPU kernels
+// build each sample's again, in cache.
 #pragma once
 
 #include <span>
@@ -62,8 +63,9 @@ constexpr index_t conv2d_col_size(const conv_geometry& g, index_t batch) {
 
 // y[n, o, :, :] = sum over the group's channels and the window of weight[o, c, i, j] x[n, c, ...] + bias[o].
 // weight is (out_channels, channels / groups, kernel_h, kernel_w); bias may be null; col holds conv2d_col_size(g,
-// batch) elements (null for pointwise) and keeps the column matrices for the backward (policies that convolve
-// without them, as cuDNN does, leave it alone). The policy's conv2d_forward does the work, with Policy's own GEMM.
+// batch) elements (null for pointwise) of column-matrix scratch, handed to the backward as it was left (policies that
+// convolve without it, as cuDNN does, leave it alone). The policy's conv2d_forward does the work, with Policy's own
+// GEMM.
 template <class Policy, class T>
 void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch, const conv_geometry& g) {
   Policy::template conv2d_forward<Policy>(x, weight, bias, y, col, batch, g);
@@ -71,7 +73,7 @@ void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, in
 
 // Given dL/dy: dweight (+)= sum over samples of dy_n col_n^T, dbias (+)= channel sums of dy (accumulate adds, as
 // dynamic mode's .grad; static mode overwrites), and dx = col2im(weight^T dy_n) (overwritten; skipped when null).
-// col must hold the forward's column matrices; it is overwritten with the column gradients.
+// col must be the scratch the forward was given, as the forward left it; the backward overwrites it.
 template <class Policy, class T>
 void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col, index_t batch,
                      const conv_geometry& g, bool accumulate) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kiln/core/config.hpp"
+#include "kiln/core/memory.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 
 namespace kiln::kernels::cpu {
@@ -118,10 +119,12 @@ struct conv_kernels {
   }
 
   // y[n, o, :, :] = sum over the group's channels and the window of weight[o, c, i, j] x[n, c, ...] + bias[o]:
-  // im2col of each sample into col (which keeps the column matrices for the backward), then one GEMM per group (a
-  // pointwise kernel reads the input directly). weight is (out_channels, channels / groups, kernel_h, kernel_w); bias
-  // may be null; col holds batch * g.col_size() elements (none for pointwise). Policy names the policy whose im2col,
-  // gemm and add_channel_bias run, so a policy that replaces only the GEMM (cpu_blas) convolves with its own GEMM.
+  // im2col of each sample, then one GEMM per group (a pointwise kernel reads the input directly). weight is
+  // (out_channels, channels / groups, kernel_h, kernel_w); bias may be null; col has room for batch * g.col_size()
+  // elements (none for pointwise) and is scratch: each slice of the batch reuses the column matrix of its first
+  // sample's place, which stays in cache, and the backward builds the columns again (see conv2d_backward). Policy
+  // names the policy whose im2col, gemm and add_channel_bias run, so a policy that replaces only the GEMM
+  // (cpu_blas) convolves with its own GEMM.
   template <class Policy, class T>
   static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
                              const conv_geometry& g) {
@@ -130,12 +133,7 @@ struct conv_kernels {
     // per-sample GEMM forking and joining the threads while im2col runs on one.
     Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
       for (index_t n = n0; n < n1; ++n) {
-        const T* columns = x + n * g.in_size();
-        if (!g.pointwise()) {
-          T* c = col + n * g.col_size();
-          Policy::im2col(columns, c, g);
-          columns = c;
-        }
+        const T* columns = sample_columns<Policy>(x, col + n0 * g.col_size(), n, g);
         for (index_t grp = 0; grp < g.groups; ++grp)
           Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
                        columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane,
@@ -147,28 +145,44 @@ struct conv_kernels {
   }
 
   // Given dL/dy: dweight (+)= sum over samples of dy_n col_n^T, dbias (+)= channel sums of dy (accumulate adds;
-  // otherwise they are overwritten), and dx = col2im(weight^T dy_n) (overwritten; skipped when null). col must hold
-  // the forward's column matrices; it is overwritten with the column gradients.
+  // otherwise they are overwritten), and dx = col2im(weight^T dy_n) (overwritten; skipped when null). col is scratch
+  // of conv2d_forward's size. Each sample's columns are built again from x rather than kept from the forward: an
+  // MNIST CNN's second convolution has 42 MB of them per batch, more than the last-level cache, so keeping them
+  // meant writing them to memory and reading them back twice, where im2col from the sample's 86 KB input is a copy
+  // in cache.
   template <class Policy, class T>
   static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
                               index_t batch, const conv_geometry& g, bool accumulate) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
     if (dbias) Policy::sum_channels(dy, dbias, batch, g.out_channels, plane, accumulate);
     // The weight gradient sums over the samples in order (each GEMM threaded on its own), so its bits do not depend
-    // on the thread count; it reads every sample's columns before the input gradient overwrites them.
-    if (dweight)
+    // on the thread count. It is computed transposed, dW^T (k x out) += col_n dy_n^T, in scratch: the GEMM then
+    // reads the large column matrix in place and packs only dy_n, where dW = dy_n col_n^T packed all of col_n^T
+    // (perf: most of an MNIST CNN step's packing). Every element is the same products added in the same order, so
+    // the bits are dW's.
+    if (dweight) {
+      const index_t group_weights = out_per_group * k;
+      T* dweight_t = transposed_weight_scratch<T>(g.groups * group_weights);
+      if (accumulate)
+        for (index_t grp = 0; grp < g.groups; ++grp)
+          transpose(dweight + grp * group_weights, out_per_group, k, dweight_t + grp * group_weights);
       for (index_t n = 0; n < batch; ++n) {
-        const T* columns = g.pointwise() ? x + n * g.in_size() : col + n * g.col_size();
+        const T* columns = sample_columns<Policy>(x, col, n, g);
         const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
         for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm(false, true, out_per_group, k, plane, T(1), dy + n * g.out_size() + grp * out_per_group * plane,
-                       plane, columns + grp * k * plane, plane, beta, dweight + grp * out_per_group * k, k);
+          Policy::gemm(false, true, k, out_per_group, plane, T(1), columns + grp * k * plane, plane,
+                       dy + n * g.out_size() + grp * out_per_group * plane, plane, beta,
+                       dweight_t + grp * group_weights, out_per_group);
       }
+      for (index_t grp = 0; grp < g.groups; ++grp)
+        transpose(dweight_t + grp * group_weights, k, out_per_group, dweight + grp * group_weights);
+    }
     if (!dx) return;
-    // The input gradient is per sample: batch slices, as in the forward.
+    // The input gradient is per sample: batch slices, as in the forward, each slice's column gradients in the place
+    // of its first sample's.
     Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
       for (index_t n = n0; n < n1; ++n) {
-        T* dcol = g.pointwise() ? dx + n * g.in_size() : col + n * g.col_size();
+        T* dcol = g.pointwise() ? dx + n * g.in_size() : col + n0 * g.col_size();
         for (index_t grp = 0; grp < g.groups; ++grp)
           Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
                        dy + n * g.out_size() + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane, plane);
@@ -207,6 +221,29 @@ struct conv_kernels {
       const T total = static_cast<T>(partial[0]);
       sums[c] = accumulate ? sums[c] + total : total;
     }
+  }
+
+ private:
+  // Sample n's column matrix: built by im2col into `place`, or the input itself for a pointwise kernel.
+  template <class Policy, class T>
+  static const T* sample_columns(const T* x, T* place, index_t n, const conv_geometry& g) {
+    if (g.pointwise()) return x + n * g.in_size();
+    Policy::im2col(x + n * g.in_size(), place, g);
+    return place;
+  }
+  // to[c, r] = from[r, c] for a rows x cols matrix.
+  template <class T>
+  static void transpose(const T* KILN_RESTRICT from, index_t rows, index_t cols, T* KILN_RESTRICT to) {
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) to[c * rows + r] = from[r * cols + c];
+  }
+  // The calling thread's buffer for a transposed weight gradient: grows to the largest seen, then is reused, so a
+  // steady training step allocates nothing.
+  template <class T>
+  static T* transposed_weight_scratch(index_t count) {
+    static thread_local aligned_buffer<T> buffer;
+    if (buffer.size() < count) buffer = aligned_buffer<T>(count);
+    return buffer.data();
   }
 };
 

@@ -103,8 +103,8 @@ struct conv_kernels {
     detail::launch_per_item(channels, detail::sum_channels_kernel<T>, dy, sums, batch, channels, plane, accumulate);
   }
 
-  // The CPU's convolution (kernels::cpu::conv_kernels::conv2d_forward: same arguments, same column matrices in col),
-  // with im2col of the whole batch in one launch and Policy's GEMM (cuBLAS) per sample and group.
+  // The CPU's convolution (kernels::cpu::conv_kernels::conv2d_forward: same arguments), with im2col of the whole
+  // batch into col in one launch, kept there for the backward, and Policy's GEMM (cuBLAS) per sample and group.
   template <class Policy, class T>
   static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
                              const conv_geometry& g) {
