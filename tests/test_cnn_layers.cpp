@@ -440,7 +440,7 @@ TEST_CASE("MaxPool 2x2 stride 2: the straight-line path gives the generic window
     std::vector<float> y(dy.size()), dx(x.size(), 0.5f);
     kernels::cpu::pooling_kernels::max_pool_forward(x.data(), y.data(), planes, g);
     kernels::cpu::pooling_kernels::max_pool_backward(x.data(), y.data(), dy.data(), dx.data(), planes, g, true);
-    std::vector<float> dx_expected(x.size(), 0.5f);
+    std::vector<float> dx_expected(x.size(), 0.5f), dx_expected_fresh(x.size(), 0.0f);
     int nan_outputs = 0;
     for (index_t p = 0; p < planes; ++p)
       for (index_t oh = 0; oh < g.out_height; ++oh)
@@ -452,9 +452,14 @@ TEST_CASE("MaxPool 2x2 stride 2: the straight-line path gives the generic window
           nan_outputs += std::isnan(expected);
           const index_t at = kernels::max_pool_argmax(x.data() + p * in_plane, expected, oh, ow, g);
           dx_expected[static_cast<std::size_t>(p * in_plane + at)] += dy[static_cast<std::size_t>(o)];
+          dx_expected_fresh[static_cast<std::size_t>(p * in_plane + at)] += dy[static_cast<std::size_t>(o)];
         }
     CHECK(nan_outputs > 0);
     CHECK(dx == dx_expected);
+    // Overwriting: every pixel is written, those no window takes (and the uncovered last row and column) with zero.
+    std::vector<float> dx_fresh(x.size(), 7.0f);
+    kernels::cpu::pooling_kernels::max_pool_backward(x.data(), y.data(), dy.data(), dx_fresh.data(), planes, g, false);
+    CHECK(dx_fresh == dx_expected_fresh);
   }
 }
 

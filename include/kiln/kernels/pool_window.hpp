@@ -8,14 +8,16 @@
 namespace kiln::kernels {
 
 // Max pooling's two comparisons. A value replaces the best so far when it is larger or NaN (the first NaN wins, as in
-// PyTorch); the gradient goes to the first element that equals the maximum, NaN matching NaN.
+// PyTorch); the gradient goes to the first element that equals the maximum, NaN matching NaN. The bitwise | and &
+// evaluate every comparison, so the compiler can combine them without a branch on data that decides nothing
+// predictable.
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE bool max_pool_prefers(T v, T best) {
-  return v > best || v != v;
+  return (v > best) | (v != v);
 }
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE bool max_pool_matches(T v, T best) {
-  return v == best || (v != v && best != best);
+  return (v == best) | ((v != v) & (best != best));
 }
 
 // Calls visit(v) for the elements of window (oh, ow) of plane xp that lie inside the plane, row by row, until visit
