@@ -2,23 +2,8 @@
 // first: im2col buffers, saved statistics and dropout masks live in the scratch planned at construction.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+#include "allocation_counter.hpp"
 #include "kiln/kiln.hpp"
-
-namespace {
-std::atomic<long> allocations{0};
-}
-
-void* operator new(std::size_t bytes) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace kiln;
 
@@ -34,10 +19,10 @@ TEST_CASE("no heap allocation in a static CNN training step after the first") {
   optim::Adam adam({.lr = 1e-3});
   net.train_step(x, labels, loss::cross_entropy{}, adam);
   net.train_step(x.rows(0, 9), labels.rows(0, 9), loss::cross_entropy{}, adam);
-  long before = allocations.load();
+  const long long before = kiln_test::heap_allocations.load();
   for (int step = 0; step < 5; ++step) {
     net.train_step(x, labels, loss::cross_entropy{}, adam);
     net.train_step(x.rows(0, 9), labels.rows(0, 9), loss::cross_entropy{}, adam);
   }
-  CHECK(allocations.load() - before == 0);
+  CHECK(kiln_test::heap_allocations.load() - before == 0);
 }

@@ -3,11 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <new>
 #include <set>
 
+#include "allocation_counter.hpp"
 #include "kiln/data/data_loader.hpp"
 #include "kiln/data/transforms.hpp"
 
@@ -15,7 +14,6 @@ using namespace kiln;
 using namespace kiln::data;
 
 namespace {
-std::atomic<long> allocations{0};
 
 // Sample i is an (H, W) image holding i + pixel / 1000 with label i % 10, so each row says which sample it is.
 tensor_dataset<float, std::int64_t> numbered(index_t n, index_t h = 4, index_t w = 5) {
@@ -46,15 +44,6 @@ epoch_record run_epoch(data_loader<D>& loader, std::uint64_t e) {
   return r;
 }
 }  // namespace
-
-// noinline: GCC otherwise pairs the inlined malloc and free with new/delete and warns of a mismatch.
-__attribute__((noinline)) void* operator new(std::size_t bytes) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
-  throw std::bad_alloc();
-}
-__attribute__((noinline)) void operator delete(void* p) noexcept { std::free(p); }
-__attribute__((noinline)) void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 TEST_CASE("tensor_dataset satisfies the dataset concept and copies samples") {
   static_assert(dataset<tensor_dataset<float, std::int64_t>>);
@@ -132,11 +121,11 @@ TEST_CASE("data_loader: no heap allocation per batch in the steady state") {
     loader.start_epoch(1);
     loader.next();  // the first batch, thread start-up and the scratch buffers may allocate
     loader.next();
-    long before = allocations.load();
+    const long long before = kiln_test::heap_allocations.load();
     int batches = 0;
     while (loader.next()) ++batches;
     CHECK(batches == 8);
-    CHECK(allocations.load() - before == 0);
+    CHECK(kiln_test::heap_allocations.load() - before == 0);
   }
 }
 

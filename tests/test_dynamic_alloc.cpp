@@ -1,48 +1,10 @@
 // Dynamic mode with the caching allocator: after warm-up a training step allocates nothing, neither through
-// operator new (counted by the replacements below, which is why this test has its own executable) nor from the
+// operator new (counted by allocation_counter.hpp's replacements, which is why this test has its own executable) nor from the
 // system allocator behind tensor storage (counted by the cache's own statistics). With the cache off, it does.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+#include "allocation_counter.hpp"
 #include "kiln/dynamic/nn.hpp"
-
-namespace {
-std::atomic<long long> new_calls{0};
-}
-
-// The replacements pair malloc with free on purpose; GCC's heuristic cannot see that both sides are replaced.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-void* operator new(std::size_t bytes) {
-  ++new_calls;
-  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t bytes) {
-  ++new_calls;
-  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new(std::size_t bytes, std::align_val_t align) {
-  ++new_calls;
-  std::size_t a = static_cast<std::size_t>(align);
-  if (void* p = std::aligned_alloc(a, (bytes + a - 1) / a * a)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t bytes, std::align_val_t align) { return operator new(bytes, align); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 
 using namespace kiln;
 
@@ -63,14 +25,15 @@ step_counts train_and_count(int steps) {
   nn::Variable input(x);
   step_counts counts{};
   for (int step = 0; step < steps; ++step) {
-    long long news_before = new_calls.load();
+    long long news_before = kiln_test::heap_allocations.load();
     auto system_before = nn::caching_allocator_stats().system_allocations;
     opt.zero_grad();
     auto loss = nn::cross_entropy(model(input), y);
     loss.backward();
     opt.step();
     (void)loss.item();
-    counts = {new_calls.load() - news_before, nn::caching_allocator_stats().system_allocations - system_before};
+    counts = {kiln_test::heap_allocations.load() - news_before,
+              nn::caching_allocator_stats().system_allocations - system_before};
   }
   return counts;
 }

@@ -3,23 +3,8 @@
 // construction or grown once.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+#include "allocation_counter.hpp"
 #include "kiln/kiln.hpp"
-
-namespace {
-std::atomic<long> allocations{0};
-}
-
-void* operator new(std::size_t bytes) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace kiln;
 
@@ -30,9 +15,9 @@ template <class Net>
 long steady_allocations(int threads) {
   const int saved = num_threads();
   set_num_threads(threads);
-  const long at_start = allocations.load();
+  const long long at_start = kiln_test::heap_allocations.load();
   Net net(32, 7);
-  REQUIRE(allocations.load() > at_start);  // the counter sees the model's own buffers
+  REQUIRE(kiln_test::heap_allocations.load() > at_start);  // the counter sees the model's own buffers
   Tensor<float> x(shape{32, 9, 6});
   for (index_t i = 0; i < x.numel(); ++i) x[i] = float(i % 11) * 0.1f - 0.5f;
   Tensor<std::int64_t> labels(shape{32});
@@ -40,13 +25,13 @@ long steady_allocations(int threads) {
   optim::Adam adam({.lr = 1e-3});
   net.train_step(x, labels, loss::cross_entropy{}, adam);
   net.train_step(x.rows(0, 9), labels.rows(0, 9), loss::cross_entropy{}, adam);
-  const long before = allocations.load();
+  const long long before = kiln_test::heap_allocations.load();
   for (int step = 0; step < 2; ++step) {
     net.train_step(x, labels, loss::cross_entropy{}, adam);
     net.train_step(x.rows(0, 9), labels.rows(0, 9), loss::cross_entropy{}, adam);
   }
   set_num_threads(saved);
-  return allocations.load() - before;
+  return kiln_test::heap_allocations.load() - before;
 }
 
 }  // namespace

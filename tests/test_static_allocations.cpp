@@ -1,23 +1,8 @@
 // A static training step allocates nothing after the first: all memory is planned at construction.
 #include <doctest/doctest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+#include "allocation_counter.hpp"
 #include "kiln/kiln.hpp"
-
-namespace {
-std::atomic<long> allocations{0};
-}
-
-void* operator new(std::size_t bytes) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 using namespace kiln;
 
@@ -31,14 +16,14 @@ TEST_CASE("no heap allocation in a static training step after the first") {
   optim::SGD sgd({.lr = 0.1, .momentum = 0.9});
   net.train_step(x, labels, loss::cross_entropy{}, adam);
   net.train_step(x.rows(0, 17), labels.rows(0, 17), loss::cross_entropy{}, adam);  // a smaller last batch
-  long before = allocations.load();
+  long long before = kiln_test::heap_allocations.load();
   for (int step = 0; step < 5; ++step) {
     net.train_step(x, labels, loss::cross_entropy{}, adam);
     net.train_step(x.rows(0, 17), labels.rows(0, 17), loss::cross_entropy{}, adam);
   }
-  CHECK(allocations.load() - before == 0);
+  CHECK(kiln_test::heap_allocations.load() - before == 0);
   net.train_step(x, labels, loss::cross_entropy{}, sgd);
-  before = allocations.load();
+  before = kiln_test::heap_allocations.load();
   for (int step = 0; step < 5; ++step) net.train_step(x, labels, loss::cross_entropy{}, sgd);
-  CHECK(allocations.load() - before == 0);
+  CHECK(kiln_test::heap_allocations.load() - before == 0);
 }

@@ -7,6 +7,7 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/memory.hpp"
+#include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 
 namespace kiln::kernels::cpu {
@@ -165,7 +166,8 @@ struct conv_kernels {
       T* dweight_t = transposed_weight_scratch<T>(g.groups * group_weights);
       if (accumulate)
         for (index_t grp = 0; grp < g.groups; ++grp)
-          transpose(dweight + grp * group_weights, out_per_group, k, dweight_t + grp * group_weights);
+          gemm_detail::transpose_into(dweight + grp * group_weights, k, out_per_group, k,
+                                      dweight_t + grp * group_weights);
       for (index_t n = 0; n < batch; ++n) {
         const T* columns = sample_columns<Policy>(x, col, n, g);
         const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
@@ -175,7 +177,8 @@ struct conv_kernels {
                        dweight_t + grp * group_weights, out_per_group);
       }
       for (index_t grp = 0; grp < g.groups; ++grp)
-        transpose(dweight_t + grp * group_weights, k, out_per_group, dweight + grp * group_weights);
+        gemm_detail::transpose_into(dweight_t + grp * group_weights, out_per_group, k, out_per_group,
+                                    dweight + grp * group_weights);
     }
     if (!dx) return;
     // The input gradient is per sample: batch slices, as in the forward, each slice's column gradients in the place
@@ -230,12 +233,6 @@ struct conv_kernels {
     if (g.pointwise()) return x + n * g.in_size();
     Policy::im2col(x + n * g.in_size(), place, g);
     return place;
-  }
-  // to[c, r] = from[r, c] for a rows x cols matrix.
-  template <class T>
-  static void transpose(const T* KILN_RESTRICT from, index_t rows, index_t cols, T* KILN_RESTRICT to) {
-    for (index_t r = 0; r < rows; ++r)
-      for (index_t c = 0; c < cols; ++c) to[c * rows + r] = from[r * cols + c];
   }
   // The calling thread's buffer for a transposed weight gradient: grows to the largest seen, then is reused, so a
   // steady training step allocates nothing.

@@ -168,23 +168,6 @@ void gemm_direct_rows(const gemm_problem<T>& g) {
   }
 }
 
-// b_rows[p * n + j] = b[j * ldb + p]: op(B) of a transposed B, materialised for the direct path (8 x 8 blocks in
-// registers where the instruction set allows, scalar at the edges).
-template <class T>
-void transpose_into(const T* b, index_t ldb, index_t n, index_t k, T* KILN_RESTRICT b_rows) {
-  index_t j_done = 0, p_done = 0;
-#if defined(__AVX__)
-  if constexpr (std::is_same_v<T, float>) {
-    j_done = n / 8 * 8;
-    p_done = k / 8 * 8;
-    for (index_t j = 0; j < j_done; j += 8)
-      for (index_t p = 0; p < p_done; p += 8) transpose_8x8_block(b + j * ldb + p, ldb, b_rows + p * n + j, n);
-  }
-#endif
-  for (index_t j = 0; j < n; ++j)
-    for (index_t p = j < j_done ? p_done : 0; p < k; ++p) b_rows[p * n + j] = b[j * ldb + p];
-}
-
 // With op(B) transposed (B stored n x k, as a Dense layer's weight) B is first transposed into a stack buffer (at
 // most direct_max_work elements) and the row path runs on it: one transpose costs less than a strided dot product
 // per element.

@@ -64,6 +64,24 @@ KILN_ALWAYS_INLINE void transpose_8x8_block(const float* src, index_t src_stride
 }
 #endif
 
+// to[c * rows + r] = from[r * ld + c] for a rows x cols block: a whole transposed copy, in 8 x 8 blocks in registers
+// where the instruction set allows, scalar at the edges. Packing never needs one; the GEMM's direct path (op(B) of a
+// small transposed B) and the convolution's transposed weight gradient do.
+template <class T>
+void transpose_into(const T* from, index_t ld, index_t rows, index_t cols, T* KILN_RESTRICT to) {
+  index_t r_done = 0, c_done = 0;
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float>) {
+    r_done = rows / 8 * 8;
+    c_done = cols / 8 * 8;
+    for (index_t r = 0; r < r_done; r += 8)
+      for (index_t c = 0; c < c_done; c += 8) transpose_8x8_block(from + r * ld + c, ld, to + c * rows + r, rows);
+  }
+#endif
+  for (index_t r = 0; r < rows; ++r)
+    for (index_t c = r < r_done ? c_done : 0; c < cols; ++c) to[c * rows + r] = from[r * ld + c];
+}
+
 // Copies `count` (< Panel) values and zero-fills the rest of a Panel-wide group.
 template <class T, int Panel>
 KILN_ALWAYS_INLINE void copy_padded(const T* src, index_t src_stride, int count, T* KILN_RESTRICT dst) {
