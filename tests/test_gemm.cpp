@@ -115,11 +115,14 @@ struct size3 {
 
 // Odd sizes around the register and cache blocks (mr = 8, nr = 32, kc = 512 for float on AVX-512), tiny direct-path
 // sizes, the MLP's own shapes, and skinny ones whose A or B panels are read in place (one column panel: the seed
-// regression's forward 1000 x 10 x 100; one or two row panels: its weight gradient 10 x 100 x 1000).
+// regression's forward 1000 x 10 x 100; one or two row panels: its weight gradient 10 x 100 x 1000). Row counts of
+// 9 to 12 and 20 (8 + 12) end in a tall in-place tile; column counts that leave a partial panel (100, 70, 45, 257)
+// read it in place under a mask where the instruction set allows.
 const size3 sizes[] = {{1, 1, 1},     {1, 8, 8},     {3, 17, 5},     {17, 31, 3},    {8, 32, 16},
                        {31, 65, 17},  {65, 33, 130}, {9, 257, 31},   {130, 17, 257}, {64, 128, 10},
                        {33, 49, 600}, {17, 40, 1100}, {257, 65, 65}, {1000, 10, 100}, {10, 100, 1000},
-                       {12, 48, 300}, {200, 7, 60},   {5, 64, 700}};
+                       {12, 48, 300}, {200, 7, 60},   {5, 64, 700},  {11, 70, 40},   {20, 45, 90},
+                       {1, 10, 1000}, {1000, 1, 10},  {1000, 10, 1}};
 
 template <class T>
 void check_all_sizes() {
@@ -193,7 +196,8 @@ TEST_CASE_TEMPLATE("gemm is bitwise identical across thread counts and calls", T
   const int saved = num_threads();
   // {20, 100, 300}: B panels packed on one thread (4 row panels) and read in place on two (2 each).
   for (const auto& s : {size3{64, 128, 784}, size3{130, 257, 100}, size3{65, 784, 128}, size3{40, 300, 1100},
-                        size3{1000, 10, 100}, size3{10, 100, 1000}, size3{20, 100, 300}}) {
+                        size3{1000, 10, 100}, size3{10, 100, 1000}, size3{20, 100, 300}, size3{44, 70, 600},
+                        size3{1000, 1, 10}}) {
     for (int t = 0; t < 4; ++t) {
       problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 3, 900 + std::uint64_t(t));
       const epilogue<T> ep{pr.bias.data(), activation::leaky_relu, T(0.2)};

@@ -175,9 +175,18 @@ void pack_b(bool transpose_b, const T* b, index_t ldb, int cols, index_t kc, T* 
   index_t p = 0;
 #if defined(__AVX__)
   if constexpr (std::is_same_v<T, float> && NR % 8 == 0) {
-    if (cols == NR)
-      for (; p + 8 <= kc; p += 8)
-        for (int g = 0; g < NR; g += 8) transpose_8x8_block(b + g * ldb + p, ldb, out + p * NR + g, NR);
+    // Whole groups of 8 columns by in-register transposes, also in a partial panel (a Dense layer's weight with 10
+    // outputs: 8 columns transposed, 2 gathered), whose padding is written once per 8 steps of k as zeros.
+    const int groups = cols / 8 * 8;
+    if (groups > 0)
+      for (; p + 8 <= kc; p += 8) {
+        for (int g = 0; g < groups; g += 8) transpose_8x8_block(b + g * ldb + p, ldb, out + p * NR + g, NR);
+        for (int q = 0; q < 8 && groups < NR; ++q) {
+          T* dst = out + (p + q) * NR;
+          for (int j = groups; j < NR; j += 8) _mm256_storeu_ps(dst + j, _mm256_setzero_ps());
+          for (int j = groups; j < cols; ++j) dst[j] = b[j * ldb + p + q];
+        }
+      }
   }
 #endif
   for (; p < kc; ++p) copy_padded<T, NR>(b + p, ldb, cols, out + p * NR);
