@@ -464,7 +464,9 @@ TEST_CASE("MaxPool 2x2 stride 2: the straight-line path gives the generic window
 }
 
 TEST_CASE("Conv2D forward and backward give the same bits on one thread and two (batch slices)") {
-  // Batch 16 with 16 x 16 planes: enough work per sample for policy::cpu to give each of two threads 8 samples.
+  // Batch 20 with 16 x 16 planes: enough work per sample for policy::cpu to give each of two threads 10 samples, and
+  // three groups of the weight gradient's partial sums (8, 8 and 4 samples), two on one thread and one on the other;
+  // its backward runs overwriting and accumulating.
   struct conv_case {
     index_t channels, out_channels, kernel, stride, pad, groups;
   };
@@ -473,7 +475,7 @@ TEST_CASE("Conv2D forward and backward give the same bits on one thread and two 
     CAPTURE(cc.groups);
     const conv_geometry g = make_conv_geometry(cc.channels, 16, 16, cc.out_channels, cc.kernel, cc.kernel, cc.stride,
                                                cc.stride, cc.pad, cc.pad, 1, 1, cc.groups);
-    const index_t batch = 16;
+    const index_t batch = 20;
     random_generator rng(23);
     auto values = [&](index_t n) {
       std::vector<float> v(static_cast<std::size_t>(n));
@@ -490,9 +492,14 @@ TEST_CASE("Conv2D forward and backward give the same bits on one thread and two 
       policy::cpu::conv2d_forward<policy::cpu>(x.data(), weight.data(), bias.data(), y.data(), col.data(), batch, g);
       policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), dx.data(), dweight.data(),
                                                 dbias.data(), col.data(), batch, g, false);
+      std::vector<float> dweight_sum = weight, dbias_sum = bias;
+      float* no_dx = nullptr;
+      policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), no_dx, dweight_sum.data(),
+                                                dbias_sum.data(), col.data(), batch, g, true);
       set_num_threads(saved);
       std::vector<float> all = y;
-      for (const auto* v : {&dx, &dweight, &dbias}) all.insert(all.end(), v->begin(), v->end());
+      for (const auto* v : {&dx, &dweight, &dbias, &dweight_sum, &dbias_sum})
+        all.insert(all.end(), v->begin(), v->end());
       return all;
     };
     const auto one = run(1), two = run(2);

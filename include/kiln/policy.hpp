@@ -78,6 +78,14 @@ struct cpu : kernels::cpu::elementwise_kernels,
         std::max<index_t>(8, kernels::cpu::gemm_detail::parallel_min_work / std::max<index_t>(work_per_row, 1));
     kernels::cpu::parallel_row_slices(batch, min_rows, body);
   }
+  // Runs body(begin, end) over slices of `count` independent jobs of work_per_job multiply-adds each (a convolution's
+  // per-group weight gradients), one slice per thread when that is worth a parallel region.
+  template <class Body>
+  static void for_jobs(index_t count, index_t work_per_job, Body&& body) {
+    const index_t min_jobs =
+        std::max<index_t>(1, kernels::cpu::gemm_detail::parallel_min_work / std::max<index_t>(work_per_job, 1));
+    kernels::cpu::parallel_row_slices(count, min_jobs, body);
+  }
 };
 
 #if defined(KILN_HAVE_CBLAS)
@@ -93,6 +101,10 @@ struct cpu_blas : cpu {
   template <class Body>
   static void for_batch_slices(index_t batch, index_t, Body&& body) {
     body(index_t{0}, batch);
+  }
+  template <class Body>
+  static void for_jobs(index_t count, index_t, Body&& body) {
+    body(index_t{0}, count);
   }
 
   template <class T>

@@ -51,6 +51,11 @@ constexpr index_t window_output_size(index_t in, index_t kernel, index_t stride,
 
 // The convolution kernels of the CPU policies.
 struct conv_kernels {
+  // The samples of a weight gradient's partial sums (see conv2d_backward): a batch of 64 makes 4 groups, shared
+  // evenly by 1, 2 or 4 threads. Fewer, larger groups keep the partial sums in L2 beside the column matrix (with 8,
+  // the MNIST CNN's 8 x 73 KB of them cost 5% of a one-thread step).
+  static constexpr index_t weight_gradient_group = 16;
+
   // col[(c * kh + i) * kw + j, oh * out_w + ow] = x[c, oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 outside)
   // for one sample: the column matrix whose product with the weights is the convolution.
   template <class T>
@@ -156,26 +161,38 @@ struct conv_kernels {
                               index_t batch, const conv_geometry& g, bool accumulate) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
     if (dbias) Policy::sum_channels(dy, dbias, batch, g.out_channels, plane, accumulate);
-    // The weight gradient sums over the samples in order (each GEMM threaded on its own), so its bits do not depend
-    // on the thread count. It is computed transposed, dW^T (k x out) += col_n dy_n^T, in scratch: the GEMM then
-    // reads the large column matrix in place and packs only dy_n, where dW = dy_n col_n^T packed all of col_n^T
-    // (perf: most of an MNIST CNN step's packing). Every element is the same products added in the same order, so
-    // the bits are dW's.
+    // The weight gradient is a sum over the samples. They go in fixed groups of weight_gradient_group, each group's
+    // samples in order into the group's own partial sum, and the partial sums are then added in order: the bits
+    // depend on the batch alone, never on the thread count, and the groups run on the threads side by side. (Summed
+    // in one chain, each sample's GEMM forked and joined the threads for a small product, which kept a CNN's second
+    // thread waiting.) It is computed transposed, dW^T (k x out) += col_n dy_n^T: the GEMM then reads the large
+    // column matrix in place and packs only dy_n, where dW = dy_n col_n^T packed all of col_n^T.
     if (dweight) {
-      const index_t group_weights = out_per_group * k;
-      T* dweight_t = transposed_weight_scratch<T>(g.groups * group_weights);
+      const index_t group_weights = out_per_group * k, weights = g.groups * group_weights;
+      const index_t sample_groups = (batch + weight_gradient_group - 1) / weight_gradient_group;
+      T* partial = weight_gradient_scratch<T>((sample_groups + 1) * weights);
+      T* dweight_t = partial + sample_groups * weights;
+      Policy::for_jobs(sample_groups, weight_gradient_group * g.out_channels * plane * k, [&](index_t s0, index_t s1) {
+        // Each thread builds its samples' columns in the place of its first sample's, as in the forward.
+        T* place = col + s0 * weight_gradient_group * g.col_size();
+        for (index_t s = s0; s < s1; ++s) {
+          const index_t n0 = s * weight_gradient_group, n1 = std::min(batch, n0 + weight_gradient_group);
+          for (index_t n = n0; n < n1; ++n) {
+            const T* columns = sample_columns<Policy>(x, place, n, g);
+            for (index_t grp = 0; grp < g.groups; ++grp)
+              Policy::gemm(false, true, k, out_per_group, plane, T(1), columns + grp * k * plane, plane,
+                           dy + n * g.out_size() + grp * out_per_group * plane, plane, n == n0 ? T(0) : T(1),
+                           partial + s * weights + grp * group_weights, out_per_group);
+          }
+        }
+      });
       if (accumulate)
         for (index_t grp = 0; grp < g.groups; ++grp)
           gemm_detail::transpose_into(dweight + grp * group_weights, k, out_per_group, k,
                                       dweight_t + grp * group_weights);
-      for (index_t n = 0; n < batch; ++n) {
-        const T* columns = sample_columns<Policy>(x, col, n, g);
-        const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
-        for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm(false, true, k, out_per_group, plane, T(1), columns + grp * k * plane, plane,
-                       dy + n * g.out_size() + grp * out_per_group * plane, plane, beta,
-                       dweight_t + grp * group_weights, out_per_group);
-      }
+      for (index_t e = 0; e < weights; ++e) dweight_t[e] = accumulate ? dweight_t[e] + partial[e] : partial[e];
+      for (index_t s = 1; s < sample_groups; ++s)
+        for (index_t e = 0; e < weights; ++e) dweight_t[e] += partial[s * weights + e];
       for (index_t grp = 0; grp < g.groups; ++grp)
         gemm_detail::transpose_into(dweight_t + grp * group_weights, out_per_group, k, out_per_group,
                                     dweight + grp * group_weights);
@@ -234,10 +251,10 @@ struct conv_kernels {
     Policy::im2col(x + n * g.in_size(), place, g);
     return place;
   }
-  // The calling thread's buffer for a transposed weight gradient: grows to the largest seen, then is reused, so a
-  // steady training step allocates nothing.
+  // The calling thread's buffer for the weight gradient's partial sums and their transposed total: grows to the
+  // largest seen, then is reused, so a steady training step allocates nothing.
   template <class T>
-  static T* transposed_weight_scratch(index_t count) {
+  static T* weight_gradient_scratch(index_t count) {
     static thread_local aligned_buffer<T> buffer;
     if (buffer.size() < count) buffer = aligned_buffer<T>(count);
     return buffer.data();
