@@ -1,9 +1,11 @@
 // The optimizer update kernels over long spans: split over threads (kernels/cpu/parallel.hpp), they must give the
-// one-thread result bit for bit, in every variant of Adam, and touch no element outside the span.
+// one-thread result bit for bit, in every variant of Adam, and touch no element outside the span; subnormal state is
+// flushed to zero without changing the caller's floating-point mode.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kiln/core/random.hpp"
@@ -111,4 +113,38 @@ TEST_CASE_TEMPLATE("Adam updates an element the same wherever it falls: vector b
       CAPTURE(offset);
       CHECK(std::memcmp(run(length, offset).data(), reference.data(), std::size_t(n) * sizeof(T)) == 0);
     }
+}
+
+TEST_CASE_TEMPLATE("Optimizer state in the subnormal range is flushed to zero, and the caller's float mode is kept", T,
+                   float, double) {
+  // Adam's m for a weight whose gradient stays zero decays by beta1 per step into the subnormal range, where every
+  // x86 operation on it is a microcode assist; the updates flush such values to zero instead.
+  const T tiny = std::numeric_limits<T>::denorm_min() * T(1000);
+  REQUIRE(tiny < std::numeric_limits<T>::min());
+  REQUIRE(tiny > T(0));
+#if defined(__SSE__) || defined(_M_X64)
+  const unsigned control_before = _mm_getcsr();
+#endif
+  std::vector<T> param{T(0.5), T(0.25)}, grad{T(0), T(0.1)}, exp_avg{tiny, T(0)}, exp_avg_sq{tiny, T(0)};
+  const adam_step_args<T> a{T(1e-3), T(0.9), T(0.999), T(1e-8), T(0), false, false, 2};
+  optim_kernels::adam_update(param.data(), grad.data(), exp_avg.data(), exp_avg_sq.data(), static_cast<T*>(nullptr),
+                             2, a);
+#if defined(__SSE__) || defined(_M_X64)
+  CHECK(exp_avg[0] == T(0));
+  CHECK(exp_avg_sq[0] == T(0));
+  CHECK(_mm_getcsr() == control_before);
+#endif
+  CHECK(param[0] == T(0.5));
+  CHECK(exp_avg[1] > T(0));  // normal values are untouched by the flush
+  CHECK(param[1] < T(0.25));
+
+  std::vector<T> momentum{tiny};
+  std::vector<T> p{T(1)}, g{T(0)};
+  const kernels::cpu::sgd_step_args<T> s{T(0.1), T(0.9), T(0), T(0), false, false};
+  optim_kernels::sgd_update(p.data(), g.data(), momentum.data(), 1, s);
+#if defined(__SSE__) || defined(_M_X64)
+  CHECK(momentum[0] == T(0));
+  CHECK(_mm_getcsr() == control_before);
+#endif
+  CHECK(p[0] == T(1));
 }
