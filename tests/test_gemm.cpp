@@ -122,7 +122,12 @@ const size3 sizes[] = {{1, 1, 1},     {1, 8, 8},     {3, 17, 5},     {17, 31, 3}
                        {31, 65, 17},  {65, 33, 130}, {9, 257, 31},   {130, 17, 257}, {64, 128, 10},
                        {33, 49, 600}, {17, 40, 1100}, {257, 65, 65}, {1000, 10, 100}, {10, 100, 1000},
                        {12, 48, 300}, {200, 7, 60},   {5, 64, 700},  {11, 70, 40},   {20, 45, 90},
-                       {1, 10, 1000}, {1000, 1, 10},  {1000, 10, 1}};
+                       {1, 10, 1000}, {1000, 1, 10},  {1000, 10, 1},
+                       // Narrow products (A stored m x k, B stored n x k, n below a vector's lanes, k >= 32) of every
+                       // output-pair count, with tiles and leftover rows, and k in whole steps and not
+                       // (gemm_narrow.hpp): a 10-class head, 1 to 4 pairs, 8 pairs with a step of one value.
+                       {64, 10, 128}, {37, 3, 45},    {13, 15, 33},   {21, 1, 70},    {9, 2, 1100},
+                       {50, 9, 40},   {30, 5, 64},    {26, 13, 257}};
 
 template <class T>
 void check_all_sizes() {
@@ -197,7 +202,7 @@ TEST_CASE_TEMPLATE("gemm is bitwise identical across thread counts and calls", T
   // {20, 100, 300}: B panels packed on one thread (4 row panels) and read in place on two (2 each).
   for (const auto& s : {size3{64, 128, 784}, size3{130, 257, 100}, size3{65, 784, 128}, size3{40, 300, 1100},
                         size3{1000, 10, 100}, size3{10, 100, 1000}, size3{20, 100, 300}, size3{44, 70, 600},
-                        size3{1000, 1, 10}}) {
+                        size3{1000, 1, 10},   size3{203, 7, 600},   size3{999, 13, 33}}) {
     for (int t = 0; t < 4; ++t) {
       problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 3, 900 + std::uint64_t(t));
       const epilogue<T> ep{pr.bias.data(), activation::leaky_relu, T(0.2)};
@@ -211,6 +216,30 @@ TEST_CASE_TEMPLATE("gemm is bitwise identical across thread counts and calls", T
     }
   }
   set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("a narrow product's rows have the same bits wherever they fall in the tiles", T, float, double) {
+  // The narrow kernel sums each output's phases in an order fixed by k alone: a row computed in a full tile, in the
+  // leftover rows, or in a product that starts elsewhere must come out bit for bit the same.
+  for (const auto& s : {size3{23, 10, 100}, size3{40, 7, 61}, size3{17, 15, 33}, size3{30, 3, 200}}) {
+    CAPTURE(s.n);
+    problem<T> pr(false, true, s.m, s.n, s.k, 1, 1500 + std::uint64_t(s.n));
+    const epilogue<T> ep{pr.bias.data(), activation::relu};
+    const auto whole = pr.run(T(1), T(0), ep, pr.c);
+    for (index_t offset : {index_t(1), index_t(3), index_t(6)}) {
+      const index_t rows = s.m - offset;
+      std::vector<T> part(std::size_t(rows * pr.ldc), T(0));
+      gemm<T>(false, true, rows, s.n, s.k, T(1), pr.a.data() + offset * pr.lda, pr.lda, pr.b.data(), pr.ldb, T(0),
+              part.data(), pr.ldc, ep);
+      int mismatches = 0;
+      for (index_t i = 0; i < rows; ++i)
+        for (index_t j = 0; j < s.n; ++j)
+          if (std::memcmp(&part[std::size_t(i * pr.ldc + j)], &whole[std::size_t((i + offset) * pr.ldc + j)],
+                          sizeof(T)) != 0)
+            ++mismatches;
+      CHECK(mismatches == 0);
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("gemm on a prepacked B gives gemm's bits, on one thread and two", T, float, double) {
@@ -245,7 +274,8 @@ TEST_CASE_TEMPLATE("gemm's fused epilogue equals gemm, then + bias, then the act
   const activation acts[] = {activation::identity, activation::relu,    activation::leaky_relu,
                              activation::gelu,     activation::sigmoid, activation::tanh};
   std::uint64_t seed = 500;
-  for (const auto& s : {size3{1, 8, 8}, size3{64, 128, 10}, size3{64, 128, 784}, size3{31, 70, 1100}}) {
+  for (const auto& s : {size3{1, 8, 8}, size3{64, 128, 10}, size3{64, 128, 784}, size3{31, 70, 1100},
+                        size3{64, 10, 128}, size3{29, 5, 77}}) {
     for (int t = 0; t < 4; ++t) {
       problem<T> pr(t & 1, t & 2, s.m, s.n, s.k, 2, seed++);
       for (T beta : {T(0), T(0.5)}) {

@@ -15,6 +15,7 @@
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
+#include "kiln/kernels/cpu/gemm_narrow.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
 
 namespace kiln::kernels::cpu {
@@ -357,6 +358,40 @@ void gemm_single_column(const gemm_problem<T>& g) {
     }
 }
 
+// A narrow product (see gemm_narrow.hpp): B packed once by the calling thread, then the rows of C split over the
+// threads in whole tiles.
+template <class T>
+void gemm_narrow(const gemm_problem<T>& g) {
+  if constexpr (!simd<T>::lane_permutes) {
+    gemm_threaded(g);  // never chosen (narrow_product is false): kept compilable without the lane permutes
+  } else {
+    const int groups = int((g.n + 1) / 2);
+    const std::size_t bytes = static_cast<std::size_t>(narrow_packed_size<T>(g.n, g.k)) * sizeof(T);
+    T* packed = static_cast<T*>(thread_scratch().reserve(bytes));
+    pack_narrow_b(g.b, g.ldb, g.n, g.k, packed);
+    const tile_epilogue<T> tile{g.alpha, g.beta, g.ep->bias, g.ep->act, g.ep->slope, true, true};
+    const auto rows = [&](index_t i0, index_t i1) {
+      narrow_rows_for<T>(groups, g.k, g.a, g.lda, packed, g.c, g.ldc, int(g.n), i0, i1, tile);
+    };
+    int threads = 1;
+#if defined(_OPENMP)
+    const index_t tile_rows = narrow_tile_rows(groups);
+    if (g.m * g.n * g.k >= parallel_min_work)
+      threads = int(std::min<index_t>(num_threads(), ceil_div(g.m, 2 * tile_rows)));
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+      {
+        const int team = omp_get_num_threads(), id = omp_get_thread_num();
+        const index_t share = round_up(ceil_div(g.m, team), tile_rows);
+        rows(std::min(g.m, id * share), std::min(g.m, (id + 1) * share));
+      }
+      return;
+    }
+#endif
+    rows(0, g.m);
+  }
+}
+
 }  // namespace gemm_detail
 
 // The number of elements op(B) (k x n) takes once packed by pack_gemm_b.
@@ -392,7 +427,8 @@ T* packed_gemm_b_scratch(index_t k, index_t n) {
 
 // op(A) is m x k, op(B) is k x n, C is m x n; all row-major with leading dimensions lda, ldb, ldc.
 // beta == 0 overwrites C without reading it (C may hold NaN). Deterministic: every element's sum over k runs in
-// the same order whatever the thread count.
+// the same order whatever the thread count; that order depends on the shape and layout alone (one FMA chain per
+// element, or, for narrow products, one per phase: see gemm_narrow.hpp).
 template <class T>
 void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
           const T* b, index_t ldb, T beta, T* c, index_t ldc, const epilogue<T>& ep = {}) {
@@ -402,14 +438,16 @@ void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T
     gemm_detail::gemm_direct(g);
   } else if (n == 1 && ldc == 1 && m > 1) {
     gemm_detail::gemm_single_column(g);
+  } else if (gemm_detail::narrow_product<T>(transpose_a, transpose_b, n, k)) {
+    gemm_detail::gemm_narrow(g);
   } else {
     gemm_detail::gemm_threaded(g);
   }
 }
 
 // gemm with op(B) prepacked by pack_gemm_b (b_packed; b and ldb are then unused). The same bits as gemm on the
-// unpacked B for every product that gemm runs blocked (all but the tiny ones below direct_max_work multiply-adds,
-// which this runs blocked too).
+// unpacked B for every product that gemm runs blocked: all but the tiny ones below direct_max_work multiply-adds and
+// the narrow ones (gemm_narrow.hpp), which this runs blocked too.
 template <class T>
 void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
                       const T* b_packed, T beta, T* c, index_t ldc, const epilogue<T>& ep = {}) {

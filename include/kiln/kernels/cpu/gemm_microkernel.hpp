@@ -53,12 +53,15 @@ KILN_ALWAYS_INLINE T scalar_fmadd(T a, T b, T c) {
 // simd<T>::reg holds `width` values of T. load/store take unaligned pointers; *_n variants touch only the first n
 // lanes (load_n: 1 <= n <= width; store_n: 1 <= n < width) and read zeros elsewhere. relu/leaky_relu are
 // bit-identical to kernels::activate. load_masked(p, lanes(n)) is load_n with the mask made once, for loops;
-// cheap_masked_load says it costs no more than load (AVX-512), so a kernel may use it on every step.
+// cheap_masked_load says it costs no more than load (AVX-512), so a kernel may use it on every step. Where
+// lane_permutes is true (AVX-512) there are also load_halves (width / 2 values repeated in both halves) and permute2
+// (any lanes of two registers), for the narrow-product GEMM (gemm_narrow.hpp).
 
 template <class T>
 struct simd_portable {
   static constexpr int width = 32 / int(sizeof(T));
   static constexpr bool cheap_masked_load = false;
+  static constexpr bool lane_permutes = false;  // no load_halves / permute2 (the narrow-product path needs them)
   struct reg {
     T v[width];
   };
@@ -137,9 +140,23 @@ struct simd<float> {
   static constexpr bool cheap_masked_load = true;
   using reg = __m512;
   using mask = __mmask16;
+  static constexpr bool lane_permutes = true;
+  using index = __m512i;
   static KILN_ALWAYS_INLINE __mmask16 first(int n) { return __mmask16((1u << n) - 1u); }
   static KILN_ALWAYS_INLINE mask lanes(int n) { return first(n); }
   static KILN_ALWAYS_INLINE reg load_masked(const float* p, mask m) { return _mm512_maskz_loadu_ps(m, p); }
+  // p[0..7] in both halves (one load: vbroadcastf64x4); the _n form reads only p[0..n-1] and zeros the rest.
+  static KILN_ALWAYS_INLINE reg load_halves(const float* p) {
+    // (The maskz form: GCC 12 warns that the plain one's undefined pass-through register may be used uninitialised.)
+    return _mm512_castpd_ps(_mm512_maskz_broadcast_f64x4(0xFF, _mm256_castps_pd(_mm256_loadu_ps(p))));
+  }
+  static KILN_ALWAYS_INLINE reg load_halves_n(const float* p, int n) {
+    const reg x = _mm512_maskz_loadu_ps(first(n), p);
+    return _mm512_maskz_shuffle_f32x4(0xFFFF, x, x, 0x44);
+  }
+  // Lane l of the result is lane idx[l] of the 2 * width lanes of (a, b).
+  static KILN_ALWAYS_INLINE index load_index(const int* idx) { return _mm512_loadu_si512(idx); }
+  static KILN_ALWAYS_INLINE reg permute2(reg a, index idx, reg b) { return _mm512_permutex2var_ps(a, idx, b); }
   static KILN_ALWAYS_INLINE reg zero() { return _mm512_setzero_ps(); }
   static KILN_ALWAYS_INLINE reg set1(float x) { return _mm512_set1_ps(x); }
   static KILN_ALWAYS_INLINE reg load(const float* p) { return _mm512_loadu_ps(p); }
@@ -165,9 +182,22 @@ struct simd<double> {
   static constexpr bool cheap_masked_load = true;
   using reg = __m512d;
   using mask = __mmask8;
+  static constexpr bool lane_permutes = true;
+  using index = __m512i;
   static KILN_ALWAYS_INLINE __mmask8 first(int n) { return __mmask8((1u << n) - 1u); }
   static KILN_ALWAYS_INLINE mask lanes(int n) { return first(n); }
   static KILN_ALWAYS_INLINE reg load_masked(const double* p, mask m) { return _mm512_maskz_loadu_pd(m, p); }
+  static KILN_ALWAYS_INLINE reg load_halves(const double* p) {
+    return _mm512_maskz_broadcast_f64x4(0xFF, _mm256_loadu_pd(p));
+  }
+  static KILN_ALWAYS_INLINE reg load_halves_n(const double* p, int n) {
+    const reg x = _mm512_maskz_loadu_pd(first(n), p);
+    return _mm512_maskz_shuffle_f64x2(0xFF, x, x, 0x44);
+  }
+  static KILN_ALWAYS_INLINE index load_index(const int* idx) {
+    return _mm512_maskz_cvtepi32_epi64(0xFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)));
+  }
+  static KILN_ALWAYS_INLINE reg permute2(reg a, index idx, reg b) { return _mm512_permutex2var_pd(a, idx, b); }
   static KILN_ALWAYS_INLINE reg zero() { return _mm512_setzero_pd(); }
   static KILN_ALWAYS_INLINE reg set1(double x) { return _mm512_set1_pd(x); }
   static KILN_ALWAYS_INLINE reg load(const double* p) { return _mm512_loadu_pd(p); }
@@ -191,6 +221,7 @@ template <>
 struct simd<float> {
   static constexpr int width = 8;
   static constexpr bool cheap_masked_load = false;
+  static constexpr bool lane_permutes = false;
   using reg = __m256;
   using mask = __m256i;
   static KILN_ALWAYS_INLINE __m256i first(int n) {
@@ -233,6 +264,7 @@ template <>
 struct simd<double> {
   static constexpr int width = 4;
   static constexpr bool cheap_masked_load = false;
+  static constexpr bool lane_permutes = false;
   using reg = __m256d;
   using mask = __m256i;
   static KILN_ALWAYS_INLINE __m256i first(int n) {
