@@ -127,7 +127,9 @@ const size3 sizes[] = {{1, 1, 1},     {1, 8, 8},     {3, 17, 5},     {17, 31, 3}
                        // output-pair count, with tiles and leftover rows, and k in whole steps and not
                        // (gemm_narrow.hpp): a 10-class head, 1 to 4 pairs, 8 pairs with a step of one value.
                        {64, 10, 128}, {37, 3, 45},    {13, 15, 33},   {21, 1, 70},    {9, 2, 1100},
-                       {50, 9, 40},   {30, 5, 64},    {26, 13, 257}};
+                       {50, 9, 40},   {30, 5, 64},    {26, 13, 257},
+                       // Outer products (k = 1) in strips of two vectors and one, with leftover rows.
+                       {130, 45, 1},  {301, 20, 1}};
 
 template <class T>
 void check_all_sizes() {
@@ -247,7 +249,7 @@ TEST_CASE_TEMPLATE("gemm on a prepacked B gives gemm's bits, on one thread and t
   // A recurrent step's shapes (64 x 512 x 128 forward, 64 x 128 x 512 backward), partial panels in m and n, and
   // three k blocks (1100).
   for (const auto& s : {size3{64, 512, 128}, size3{64, 128, 512}, size3{13, 37, 20}, size3{40, 300, 1100},
-                        size3{7, 16, 1}, size3{32, 100, 300}}) {
+                        size3{7, 16, 1}, size3{32, 100, 300}, size3{130, 45, 1}}) {
     for (int t = 0; t < 4; ++t) {
       CAPTURE(s.m);
       CAPTURE(s.n);
@@ -268,6 +270,26 @@ TEST_CASE_TEMPLATE("gemm on a prepacked B gives gemm's bits, on one thread and t
     }
   }
   set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("an outer product (k = 1) has the blocked path's bits, signed zeros included", T, float, double) {
+  // gemm runs k = 1 on its own loop and gemm_prepacked_b on the blocked kernel. A product that is exactly zero with a
+  // negative factor (-0 * 2, 0 * -3) is -0 as a plain product but +0 as the kernels' FMA onto +0: both must agree.
+  for (int t = 0; t < 4; ++t) {
+    problem<T> pr(t & 1, t & 2, 200, 37, 1, 2, 1700 + std::uint64_t(t));
+    for (std::size_t i = 0; i < pr.a.size(); i += 3) pr.a[i] = i % 2 ? T(-0.0) : T(0);
+    for (std::size_t i = 0; i < pr.b.size(); i += 4) pr.b[i] = -pr.b[i];
+    std::vector<T> packed(std::size_t(kernels::cpu::packed_gemm_b_size<T>(1, 37)));
+    kernels::cpu::pack_gemm_b(pr.tb, 1, 37, pr.b.data(), pr.ldb, packed.data());
+    for (activation act : {activation::identity, activation::relu}) {
+      const epilogue<T> ep{nullptr, act};
+      const auto plain = pr.run(T(1), T(0), ep, pr.c);
+      std::vector<T> blocked = pr.c;
+      kernels::cpu::gemm_prepacked_b<T>(pr.ta, 200, 37, 1, T(1), pr.a.data(), pr.lda, packed.data(), T(0),
+                                        blocked.data(), pr.ldc, ep);
+      CHECK(bitwise_equal(plain, blocked));
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("gemm's fused epilogue equals gemm, then + bias, then the activation by hand", T, float, double) {
