@@ -71,8 +71,10 @@ if(KILN_HAVE_CUDA)
   target_include_directories(kiln_cuda INTERFACE ${KILN_CUDNN_INCLUDE_DIR})
   # CMake 3.25's feature table predates nvcc 13, so cuda_std_20 would be refused there: ask for C++20 by flag.
   target_compile_options(kiln_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
-  # The host half of .cu files gets the CPU kernels' -fno-math-errno too (see the top-level CMakeLists.txt).
-  target_compile_options(kiln_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fno-math-errno>)
+  # The host half of .cu files gets the CPU kernels' -fno-math-errno and -ffp-contract=off too (see the top-level
+  # CMakeLists.txt).
+  target_compile_options(kiln_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fno-math-errno>
+                                             $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-ffp-contract=off>)
   # The CPU kernels' `#pragma GCC unroll` is for the host compiler, which still receives it; nvcc's own front end does
   # not know it (diagnostic 1675) and would otherwise warn once per pragma in every .cu file that includes them.
   target_compile_options(kiln_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-diag-suppress=1675>)

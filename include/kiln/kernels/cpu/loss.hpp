@@ -21,13 +21,25 @@ namespace kernels::cpu {
 // The loss kernels of the CPU policies.
 struct loss_kernels {
   // L = reduce((input - target)^2). grad (optional) = upstream * dL/dinput.
+  // The squares are summed in `mse_chains` interleaved chains (element i into chain i % mse_chains), then pairwise:
+  // one chain waited on the latency of every add (1000 elements: 1.1 us of a 40 us training step).
+  static constexpr int mse_chains = 8;
   template <class T>
   static T mse(const T* input, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
-    sum_type<T> total = 0;
-    for (index_t i = 0; i < n; ++i) {
-      T d = input[i] - target[i];
-      total += sum_type<T>(d) * d;
+    sum_type<T> chain[mse_chains] = {};
+    index_t i = 0;
+    for (; i + mse_chains <= n; i += mse_chains)
+      for (int c = 0; c < mse_chains; ++c) {
+        const T d = input[i + c] - target[i + c];
+        chain[c] += sum_type<T>(d) * d;
+      }
+    for (int c = 0; i < n; ++i, ++c) {
+      const T d = input[i] - target[i];
+      chain[c] += sum_type<T>(d) * d;
     }
+    for (int width = mse_chains / 2; width > 0; width /= 2)
+      for (int c = 0; c < width; ++c) chain[c] += chain[c + width];
+    const sum_type<T> total = chain[0];
     T scale = r == reduction::mean ? T(1) / static_cast<T>(n) : T(1);
     if (grad) {
       T factor = T(2) * scale * upstream;

@@ -15,7 +15,10 @@ using sum_type = std::conditional_t<(sizeof(T) < sizeof(double)), double, T>;
 // The reduction kernels of the CPU policies.
 struct reduce_kernels {
   // column_sums[c] (+)= sum over rows of x[r, c]: the bias gradient of a Dense layer.
-  // Each column's sum runs over the rows in order, starting from its old value when accumulating.
+  // Columns go in strips of up to 4 vectors. A strip of v vectors sums its rows in sum_rows_chains(v) interleaved
+  // chains (chain i takes rows i, i + chains, ... in order), added pairwise ((c0 + c1) + (c2 + c3)), then added to the
+  // old value when accumulating: the order depends on the shape alone.
+  static constexpr int sum_rows_chains(int vecs) { return vecs == 1 ? 4 : vecs == 2 ? 2 : 1; }
   template <class T>
   static void sum_rows(const T* x, T* column_sums, index_t rows, index_t cols, bool accumulate) {
     constexpr int W = gemm_detail::simd<T>::width;
@@ -51,26 +54,38 @@ struct reduce_kernels {
  private:
   // sum_rows over `strip` columns (Vecs vectors, the last possibly partial) with the running sums in registers:
   // summed in memory, every add waited on the store of the one before (a Dense layer's 10-wide bias gradient over
-  // 1000 rows took 8 us of a 100 us training step).
+  // 1000 rows took 8 us of a 100 us training step). A narrow strip has too few vectors to hide the add's latency and
+  // sums its rows in interleaved chains instead (1000 x 10: 1.1 -> 0.3 us).
   template <int Vecs, class T>
   static void sum_rows_strip(const T* x, T* column_sums, index_t rows, index_t cols, int strip, bool accumulate) {
     using S = gemm_detail::simd<T>;
-    constexpr int W = S::width;
+    using Reg = typename S::reg;
+    constexpr int W = S::width, chains = sum_rows_chains(Vecs);
     const int last_lanes = strip - (Vecs - 1) * W;
-    typename S::reg acc[Vecs];
     auto load_last = [last_lanes](const T* p) { return last_lanes == W ? S::load(p) : S::load_n(p, last_lanes); };
+    Reg acc[chains][Vecs];
+    for (int c = 0; c < chains; ++c)
+      for (int v = 0; v < Vecs; ++v) acc[c][v] = S::zero();
+    const auto add_row = [&](Reg(&sums)[Vecs], const T* row) {
+      for (int v = 0; v < Vecs - 1; ++v) sums[v] = S::add(sums[v], S::load(row + v * W));
+      sums[Vecs - 1] = S::add(sums[Vecs - 1], load_last(row + (Vecs - 1) * W));
+    };
+    index_t r = 0;
+    for (; r + chains <= rows; r += chains)
+      for (int c = 0; c < chains; ++c) add_row(acc[c], x + (r + c) * cols);
+    for (int c = 0; r < rows; ++r, ++c) add_row(acc[c], x + r * cols);
     T* const last_sums = column_sums + (Vecs - 1) * W;
-    for (int v = 0; v < Vecs - 1; ++v) acc[v] = accumulate ? S::load(column_sums + v * W) : S::zero();
-    acc[Vecs - 1] = accumulate ? load_last(last_sums) : S::zero();
-    for (index_t r = 0; r < rows; ++r, x += cols) {
-      for (int v = 0; v < Vecs - 1; ++v) acc[v] = S::add(acc[v], S::load(x + v * W));
-      acc[Vecs - 1] = S::add(acc[Vecs - 1], load_last(x + (Vecs - 1) * W));
+    for (int v = 0; v < Vecs; ++v) {
+      Reg total = acc[0][v];
+      if constexpr (chains == 2) total = S::add(acc[0][v], acc[1][v]);
+      if constexpr (chains == 4) total = S::add(S::add(acc[0][v], acc[1][v]), S::add(acc[2][v], acc[3][v]));
+      const bool last = v == Vecs - 1;
+      if (accumulate) total = S::add(last ? load_last(last_sums) : S::load(column_sums + v * W), total);
+      if (!last || last_lanes == W)
+        S::store(column_sums + v * W, total);
+      else
+        S::store_n(last_sums, total, last_lanes);
     }
-    for (int v = 0; v < Vecs - 1; ++v) S::store(column_sums + v * W, acc[v]);
-    if (last_lanes == W)
-      S::store(last_sums, acc[Vecs - 1]);
-    else
-      S::store_n(last_sums, acc[Vecs - 1], last_lanes);
   }
 };
 
