@@ -33,7 +33,7 @@ struct loss_kernels {
         const T d = input[i + c] - target[i + c];
         chain[c] += sum_type<T>(d) * d;
       }
-    for (int c = 0; i < n; ++i, ++c) {
+    for (int c = 0; c < mse_chains && i < n; ++i, ++c) {  // the last n % mse_chains elements
       const T d = input[i] - target[i];
       chain[c] += sum_type<T>(d) * d;
     }

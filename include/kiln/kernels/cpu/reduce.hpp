@@ -73,7 +73,7 @@ struct reduce_kernels {
     index_t r = 0;
     for (; r + chains <= rows; r += chains)
       for (int c = 0; c < chains; ++c) add_row(acc[c], x + (r + c) * cols);
-    for (int c = 0; r < rows; ++r, ++c) add_row(acc[c], x + r * cols);
+    for (int c = 0; c < chains && r < rows; ++r, ++c) add_row(acc[c], x + r * cols);  // the last rows % chains
     T* const last_sums = column_sums + (Vecs - 1) * W;
     for (int v = 0; v < Vecs; ++v) {
       Reg total = acc[0][v];
