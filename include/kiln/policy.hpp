@@ -74,17 +74,22 @@ struct cpu : kernels::cpu::elementwise_kernels,
   // a parallel region; the kernels inside then run single-threaded.
   template <class Body>
   static void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
-    const index_t min_rows =
-        std::max<index_t>(8, kernels::cpu::gemm_detail::parallel_min_work / std::max<index_t>(work_per_row, 1));
-    kernels::cpu::parallel_row_slices(batch, min_rows, body);
+    slices_worth_a_thread(batch, work_per_row, 8, body);
   }
   // Runs body(begin, end) over slices of `count` independent jobs of work_per_job multiply-adds each (a convolution's
   // per-group weight gradients), one slice per thread when that is worth a parallel region.
   template <class Body>
   static void for_jobs(index_t count, index_t work_per_job, Body&& body) {
-    const index_t min_jobs =
-        std::max<index_t>(1, kernels::cpu::gemm_detail::parallel_min_work / std::max<index_t>(work_per_job, 1));
-    kernels::cpu::parallel_row_slices(count, min_jobs, body);
+    slices_worth_a_thread(count, work_per_job, 1, body);
+  }
+
+ private:
+  // One slice per thread, each of at least `floor` items and of parallel_min_work multiply-adds.
+  template <class Body>
+  static void slices_worth_a_thread(index_t count, index_t work_per_item, index_t floor, Body&& body) {
+    const index_t min_items =
+        std::max<index_t>(floor, kernels::cpu::gemm_detail::parallel_min_work / std::max<index_t>(work_per_item, 1));
+    kernels::cpu::parallel_row_slices(count, min_items, body);
   }
 };
 

@@ -17,6 +17,7 @@
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
 #include "kiln/kernels/cpu/gemm_narrow.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -414,7 +415,7 @@ void gemm_outer(const gemm_problem<T>& g) {
 }
 
 // A narrow product (see gemm_narrow.hpp): B packed once by the calling thread, then the rows of C split over the
-// threads in whole tiles.
+// threads in whole tiles, at least two per thread.
 template <class T>
 void gemm_narrow(const gemm_problem<T>& g) {
   if constexpr (!simd<T>::lane_permutes) {
@@ -425,25 +426,12 @@ void gemm_narrow(const gemm_problem<T>& g) {
     T* packed = static_cast<T*>(thread_scratch().reserve(bytes));
     pack_narrow_b(g.b, g.ldb, g.n, g.k, packed);
     const tile_epilogue<T> tile{g.alpha, g.beta, g.ep->bias, g.ep->act, g.ep->slope, true, true};
-    const auto rows = [&](index_t i0, index_t i1) {
-      narrow_rows_for<T>(groups, g.k, g.a, g.lda, packed, g.c, g.ldc, int(g.n), i0, i1, tile);
-    };
-    int threads = 1;
-#if defined(_OPENMP)
-    const index_t tile_rows = narrow_tile_rows(groups);
-    if (g.m * g.n * g.k >= parallel_min_work)
-      threads = int(std::min<index_t>(num_threads(), ceil_div(g.m, 2 * tile_rows)));
-    if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-      {
-        const int team = omp_get_num_threads(), id = omp_get_thread_num();
-        const index_t share = round_up(ceil_div(g.m, team), tile_rows);
-        rows(std::min(g.m, id * share), std::min(g.m, (id + 1) * share));
-      }
-      return;
-    }
-#endif
-    rows(0, g.m);
+    const index_t tile_rows = narrow_tile_rows(groups), tiles = ceil_div(g.m, tile_rows);
+    const index_t min_tiles = g.m * g.n * g.k >= parallel_min_work ? 2 : tiles + 1;  // too small: one thread
+    parallel_row_slices(tiles, min_tiles, [&](index_t t0, index_t t1) {
+      narrow_rows_for<T>(groups, g.k, g.a, g.lda, packed, g.c, g.ldc, int(g.n), t0 * tile_rows,
+                         std::min(g.m, t1 * tile_rows), tile);
+    });
   }
 }
 
