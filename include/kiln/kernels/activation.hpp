@@ -42,6 +42,16 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T sigmoid_value(T x) {
   return T(1) / (T(1) + std::exp(-x));
 }
 
+// e^x, with the same split as sigmoid_value: saturating_exp for a float on the host (below -87.3 it gives 1.2e-38,
+// not a subnormal or 0), the library's exp otherwise.
+template <class T>
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE T exp_value(T x) {
+#if !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) return saturating_exp(x);
+#endif
+  return std::exp(x);
+}
+
 // tanh, with the same split as sigmoid_value: saturating_tanh for a float on the host, the library's tanh otherwise.
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE T tanh_value(T x) {

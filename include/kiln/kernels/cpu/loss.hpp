@@ -9,6 +9,7 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 
 namespace kiln {
@@ -50,29 +51,35 @@ struct loss_kernels {
 
   // Cross-entropy of rows x classes logits against integer labels, through a stable log-softmax, fused with its
   // gradient: dL/dlogits = (softmax(logits) - onehot(label)) * scale. Labels outside [0, classes) throw.
+  // Each e^(x - max) is computed once, by exp_value: with a gradient, a loop that vectorises writes them into the
+  // gradient row, which then sums and scales them in place. libm's expf, called twice per logit, took 3.6 us of an
+  // MNIST MLP step (64 x 10). The loss is the same with or without a gradient: both sum the same values in order.
   template <class T>
   static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
                                  reduction r, T* grad, T upstream = T(1)) {
     for (index_t row = 0; row < rows; ++row)
       if (labels[row] < 0 || labels[row] >= classes)
         fail("cross_entropy: expected labels in [0, ", classes, "), found ", labels[row], " at row ", row);
-    T scale = r == reduction::mean ? T(1) / static_cast<T>(rows) : T(1);
+    const T scale = r == reduction::mean ? T(1) / static_cast<T>(rows) : T(1);
+    const T factor = scale * upstream;
     sum_type<T> total = 0;
     for (index_t row = 0; row < rows; ++row) {
       const T* x = logits + row * classes;
+      const T label_logit = x[labels[row]];  // read before the gradient row, which may alias the logits, is written
       T max_value = -std::numeric_limits<T>::infinity();
       for (index_t c = 0; c < classes; ++c) max_value = std::max(max_value, x[c]);
       T exp_sum = 0;
-      for (index_t c = 0; c < classes; ++c) exp_sum += std::exp(x[c] - max_value);
-      T log_sum = std::log(exp_sum) + max_value;
-      total += log_sum - x[labels[row]];
       if (grad) {
         T* g = grad + row * classes;
-        T factor = scale * upstream;
-        T inverse = T(1) / exp_sum;
-        for (index_t c = 0; c < classes; ++c) g[c] = std::exp(x[c] - max_value) * inverse * factor;
+        for (index_t c = 0; c < classes; ++c) g[c] = exp_value(x[c] - max_value);
+        for (index_t c = 0; c < classes; ++c) exp_sum += g[c];
+        const T inverse = T(1) / exp_sum;
+        for (index_t c = 0; c < classes; ++c) g[c] = g[c] * inverse * factor;
         g[labels[row]] -= factor;
+      } else {
+        for (index_t c = 0; c < classes; ++c) exp_sum += exp_value(x[c] - max_value);
       }
+      total += std::log(exp_sum) + max_value - label_logit;
     }
     return static_cast<T>(total) * scale;
   }

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kiln/core/config.hpp"
+#include "kiln/kernels/activation.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -21,13 +22,16 @@ struct softmax_kernels {
         T max_value = -std::numeric_limits<T>::infinity();
         for (index_t i = 0; i < size; ++i) max_value = std::max(max_value, xs[i * inner]);
         T total = 0;
-        for (index_t i = 0; i < size; ++i) total += std::exp(xs[i * inner] - max_value);
         if (log) {
+          for (index_t i = 0; i < size; ++i) total += exp_value(xs[i * inner] - max_value);
           T log_total = std::log(total) + max_value;
           for (index_t i = 0; i < size; ++i) ys[i * inner] = xs[i * inner] - log_total;
         } else {
+          // Each exponential once, into y (each x is read before its y is written, so y may alias x), then scaled.
+          for (index_t i = 0; i < size; ++i) ys[i * inner] = exp_value(xs[i * inner] - max_value);
+          for (index_t i = 0; i < size; ++i) total += ys[i * inner];
           T inverse = T(1) / total;
-          for (index_t i = 0; i < size; ++i) ys[i * inner] = std::exp(xs[i * inner] - max_value) * inverse;
+          for (index_t i = 0; i < size; ++i) ys[i * inner] = ys[i * inner] * inverse;
         }
       }
     }
@@ -48,7 +52,7 @@ struct softmax_kernels {
         }
         for (index_t i = 0; i < size; ++i) {
           index_t at = base + i * inner;
-          T g = log ? dy[at] - std::exp(y[at]) * dot : y[at] * (dy[at] - dot);
+          T g = log ? dy[at] - exp_value(y[at]) * dot : y[at] * (dy[at] - dot);
           dx[at] = accumulate ? dx[at] + g : g;
         }
       }
