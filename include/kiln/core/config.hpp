@@ -21,6 +21,19 @@ using index_t = std::ptrdiff_t;
 #define KILN_NOINLINE
 #endif
 
+// Lets the compiler vectorise a function's loops with 512-bit vectors where AVX-512 is enabled. GCC and Clang prefer
+// 256-bit vectors for auto-vectorised loops on every AVX-512 CPU, which suits most of kiln's element-wise loops (the
+// CNN's steps got 8-10% slower built with 512-bit vectors throughout) but not the recurrent cells' arithmetic-heavy
+// gate loops: the LSTM training step went 6.7-6.9 -> 6.5 ms with them. Each marked function is out of line
+// (KILN_NOINLINE), so the preference stays inside it; the arithmetic and its rounding do not depend on the width.
+#if defined(__AVX512F__) && defined(__clang__)
+#define KILN_WIDE_VECTOR_LOOPS __attribute__((min_vector_width(512)))
+#elif defined(__AVX512F__) && defined(__GNUC__) && !defined(__CUDACC__)
+#define KILN_WIDE_VECTOR_LOOPS __attribute__((target("prefer-vector-width=512")))
+#else
+#define KILN_WIDE_VECTOR_LOOPS
+#endif
+
 // Marks the few scalar functions that CUDA kernels share with the CPU (activations, the Philox generator), so both
 // backends compute them from one definition. Expands to nothing outside nvcc.
 #if defined(__CUDACC__)
