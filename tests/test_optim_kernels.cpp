@@ -1,6 +1,7 @@
 // The optimizer update kernels over long spans: split over threads (kernels/cpu/parallel.hpp), they must give the
 // one-thread result bit for bit, in every variant of Adam, and touch no element outside the span; subnormal state is
 // flushed to zero without changing the caller's floating-point mode.
+// Also the threaded fill that zero_grad uses.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "kiln/core/random.hpp"
 #include "kiln/core/threads.hpp"
+#include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/optim.hpp"
 
 using namespace kiln;
@@ -147,4 +149,24 @@ TEST_CASE_TEMPLATE("Optimizer state in the subnormal range is flushed to zero, a
   CHECK(_mm_getcsr() == control_before);
 #endif
   CHECK(p[0] == T(1));
+}
+
+TEST_CASE("zero_grad's fill over a long span, split over the threads, writes every element and none outside") {
+  const int saved = num_threads();
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    // 100003 values: split over two threads, with a ragged last chunk; a guard on either side.
+    const index_t n = 100003, guard = 16;
+    std::vector<float> buffer(static_cast<std::size_t>(n + 2 * guard), 7.0f);
+    kernels::cpu::elementwise_kernels::fill(buffer.data() + guard, 0.0f, n);
+    index_t zeros = 0;
+    for (index_t i = guard; i < guard + n; ++i) zeros += buffer[static_cast<std::size_t>(i)] == 0.0f;
+    CHECK(zeros == n);
+    for (index_t i = 0; i < guard; ++i) {
+      CHECK(buffer[static_cast<std::size_t>(i)] == 7.0f);
+      CHECK(buffer[static_cast<std::size_t>(guard + n + i)] == 7.0f);
+    }
+  }
+  set_num_threads(saved);
 }
