@@ -196,8 +196,12 @@ void gemm_direct(const gemm_problem<T>& g) {
 
 // The blocked path for the sub-block rows [i0, i1) x columns [j0, j1) of C, on the calling thread. Every element's
 // arithmetic depends only on k (through kc), never on the sub-block bounds, so any partition gives the same bits.
+// first_tile_share (of 1) is where in its row tiles the thread starts, wrapping round: threads that split the columns
+// each sweep all the rows of A, and starting at different rows they fetch different lines of it from memory instead
+// of waiting on the same ones (an MNIST MLP's new 64 x 784 batch each step).
 template <class T>
-void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, index_t j1) {
+void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, index_t j1,
+                  double first_tile_share = 0) {
   constexpr int mr = register_block<T>::mr;
   constexpr int nr = register_block<T>::nr;
   constexpr int width = register_block<T>::width;
@@ -233,6 +237,14 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
   // A partial B panel is read in place only where the micro-kernel can mask its last vector cheaply.
   const auto b_panel_in_place = [&](int cols) { return b_in_place && (cols == nr || simd<T>::cheap_masked_load); };
   const epilogue<T>& ep = *g.ep;
+  // The row tiles: mr rows each, but in place the last rows make one tile when they fit in a tall one (see
+  // register_block), and otherwise the last tile takes what is left.
+  const index_t rows_total = i1 - i0;
+  const index_t tiles = a_in_place && rows_total <= register_block<T>::mr_in_place
+                            ? 1
+                            : (a_in_place ? 1 + (rows_total - register_block<T>::mr_in_place + mr - 1) / mr
+                                          : ceil_div(rows_total, index_t(mr)));
+  const index_t first_tile = std::min(tiles - 1, index_t(first_tile_share * double(tiles)));
   for (index_t jc = j0; jc < j1; jc += nc_max) {
     const index_t nc = std::min(nc_max, j1 - jc);
     const index_t n_panels = ceil_div(nc, nr);
@@ -247,10 +259,11 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
             pack_b<T, nr>(g.transpose_b, g.b_at(pc, jc + q * nr), g.ldb, cols, kc, b_packed + q * kc * nr);
         }
       tile_epilogue<T> tile{g.alpha, g.beta, nullptr, ep.act, ep.slope, pc == 0, pc + kc == g.k};
-      for (index_t ic = i0; ic < i1;) {
-        // In place, the last rows of the block make one tile when they fit in a tall one (see register_block).
-        const int rows = int(a_in_place && i1 - ic <= register_block<T>::mr_in_place ? i1 - ic
-                                                                                     : std::min<index_t>(mr, i1 - ic));
+      for (index_t t = 0; t < tiles; ++t) {
+        // Every tile is mr rows but the last, which takes the rest (see tiles above).
+        const index_t tile_index = (t + first_tile) % tiles;
+        const index_t ic = i0 + tile_index * mr;
+        const int rows = int(tile_index == tiles - 1 ? i1 - ic : index_t(mr));
         const T* a_panel = a_packed;
         index_t a_row = 1, a_step = mr;
         if (a_in_place) {
@@ -270,7 +283,6 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
           select_micro_kernel<T>(rows, int(ceil_div(cols, width)), a_in_place || b_direct)(
               kc, a_panel, b_panel, strides, g.c + ic * g.ldc + j, g.ldc, cols, tile);
         }
-        ic += rows;
       }
     }
   }
@@ -333,7 +345,7 @@ void gemm_threaded(const gemm_problem<T>& g) {
     const index_t i1 = std::min(g.m, m_panels * (tm + 1) / grid.threads_m * register_block<T>::mr);
     const index_t j0 = std::min(g.n, n_panels * tn / grid.threads_n * register_block<T>::nr);
     const index_t j1 = std::min(g.n, n_panels * (tn + 1) / grid.threads_n * register_block<T>::nr);
-    gemm_blocked(g, i0, i1, j0, j1);
+    gemm_blocked(g, i0, i1, j0, j1, grid.threads_m == 1 ? double(tn) / grid.threads_n : 0.0);
   }
 #endif
 }
