@@ -1,5 +1,6 @@
 // Static mode in double precision: every layer's backward checked against central finite differences through whole
-// models, fused and unfused epilogues giving the same numbers, and flat versus per-tensor parameter slots.
+// models, fused and unfused epilogues giving the same numbers (a Conv2D taking over the activation after it
+// included), and flat versus per-tensor parameter slots.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -83,6 +84,41 @@ TEST_CASE("fused and unfused epilogues give bit-identical training") {
   }
   CHECK(opt_unfused.slots().size() == 6);
   CHECK(opt_fused.slots().size() == 1);
+}
+
+TEST_CASE("a Conv2D takes over the activation layer after it: gradients, and training bit-identical to unfused") {
+  // Fused epilogues let each Conv2D apply the ReLU, LeakyReLU, Sigmoid or Tanh that follows it; GELU, whose backward
+  // needs its input, stays a layer of its own. The gradients must still match finite differences, fused or not, and
+  // training must give the unfused model's bits (the activation is the same arithmetic in either place).
+  using Net = Sequential<policy::cpu, InputOf<double, 2, 7, 7>, Conv2D<3, 3>, LeakyReLU<0.2>,
+                         Conv2D<4, 2, conv_options{.padding = 1}>, Sigmoid, Conv2D<3, 3>, GELU, Conv2D<2, 2>, Tanh,
+                         Flatten, Dense<3>, ReLU>;
+  for (bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    Net net(3, 19, {.fuse_epilogues = fuse});
+    auto x = random_input<Net>(3, 6);
+    Tensor<double> y(shape{3, 3}, 0.25);
+    check_parameter_gradients(net, x, y, loss::mse{});
+  }
+  using Cnn = Sequential<policy::cpu, Input<1, 10, 10>, Conv2D<6, 3>, ReLU, Conv2D<4, 3>, LeakyReLU<0.1>,
+                         MaxPool2D<2>, Flatten, Dense<3>>;
+  Cnn fused(8, 5, {.fuse_epilogues = true}), unfused(8, 5, {.fuse_epilogues = false});
+  random_generator rng(12);
+  Tensor<float> x(shape{8, 1, 10, 10});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  Tensor<std::int64_t> labels(shape{8});
+  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
+  optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
+  for (int step = 0; step < 10; ++step) {
+    float a = fused.train_step(x, labels, loss::cross_entropy{}, opt_fused);
+    float b = unfused.train_step(x, labels, loss::cross_entropy{}, opt_unfused);
+    REQUIRE(a == b);
+  }
+  for (std::size_t i = 0; i < fused.parameter_values().size(); ++i)
+    REQUIRE(fused.parameter_values()[i] == unfused.parameter_values()[i]);
+  // Evaluation runs the same fused forward: predictions agree too.
+  const Tensor<float> p = fused.predict(x), q = unfused.predict(x);
+  for (index_t i = 0; i < p.numel(); ++i) CHECK(p[i] == q[i]);
 }
 
 TEST_CASE("state_dict round trip and load errors leave the model unchanged") {

@@ -65,10 +65,17 @@ constexpr index_t conv2d_col_size(const conv_geometry& g, index_t batch) {
 // weight is (out_channels, channels / groups, kernel_h, kernel_w); bias may be null; col holds conv2d_col_size(g,
 // batch) elements (null for pointwise) of column-matrix scratch, handed to the backward as it was left (policies that
 // convolve without it, as cuDNN does, leave it alone). The policy's conv2d_forward does the work, with Policy's own
-// GEMM.
+// GEMM. act, when not identity, is applied to y as well: by the policy's convolution where it takes an activation (the
+// CPU's, per sample while the output is in cache), else by a pass after it.
 template <class Policy, class T>
-void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch, const conv_geometry& g) {
-  Policy::template conv2d_forward<Policy>(x, weight, bias, y, col, batch, g);
+void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch, const conv_geometry& g,
+                    activation act = activation::identity, T slope = T(0)) {
+  if constexpr (requires { Policy::template conv2d_forward<Policy>(x, weight, bias, y, col, batch, g, act, slope); }) {
+    Policy::template conv2d_forward<Policy>(x, weight, bias, y, col, batch, g, act, slope);
+  } else {
+    Policy::template conv2d_forward<Policy>(x, weight, bias, y, col, batch, g);
+    if (act != activation::identity) Policy::activation_forward(act, y, y, batch * g.out_size(), slope);
+  }
 }
 
 // Given dL/dy: dweight (+)= sum over samples of dy_n col_n^T, dbias (+)= channel sums of dy (accumulate adds, as
@@ -153,6 +160,14 @@ struct Conv2D {
     template <class Policy, class T>
     static void forward(const T* params, T*, const T* x, T* y, T* scratch, const layer_context& ctx, bool) {
       conv2d_forward<Policy>(x, params, Opt.bias ? params + weight_size : nullptr, y, scratch, ctx.batch, g);
+    }
+    // The forward with the activation layer that follows fused in (Sequential does this with fused epilogues on):
+    // the backward needs only x, never this layer's output, so the output may hold the activation's.
+    template <class Policy, class T>
+    static void forward_activated(const T* params, T*, const T* x, T* y, T* scratch, const layer_context& ctx,
+                                  activation act, T slope) {
+      conv2d_forward<Policy>(x, params, Opt.bias ? params + weight_size : nullptr, y, scratch, ctx.batch, g, act,
+                             slope);
     }
     template <class Policy, class T>
     static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,

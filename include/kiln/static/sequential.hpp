@@ -612,14 +612,52 @@ class Sequential {
     return out;
   }
 
+  // With fused epilogues, a layer that can apply an activation to its own output (Conv2D: per sample, while the
+  // output is in cache) takes over the activation layer after it, which then passes its input through: one pass over
+  // the activations fewer, whose traffic to memory dominated the CNN's ReLU layers. Not for an activation whose
+  // backward needs its input (GELU), which the fused output no longer holds; the others read only their output.
+  template <std::size_t I>
+  static constexpr bool takes_next_activation() {
+    if constexpr (I + 1 >= layer_count) {
+      return false;
+    } else {
+      using next = layer<I + 1>;
+      if constexpr (!requires { next::kind; next::slope; }) {
+        return false;
+      } else {
+        return next::is_activation && next::kind != activation::identity &&
+               !activation_grad_needs_input(next::kind) &&
+               requires(const T* c, T* m, const layer_context& ctx) {
+                 bound<I>::template forward_activated<Policy>(c, m, c, m, m, ctx, next::kind, T(next::slope));
+               };
+      }
+    }
+  }
+
   void run_forward(const T* x, const layer_context& ctx) {
     last_batch_ = ctx.batch;
     const T* in = x;
     for_each_layer([&]<std::size_t I>() {
       using B = bound<I>;
       T* out = B::aliases_input ? const_cast<T*>(in) : activations_[I];
-      B::template forward<Policy>(params_.data() + param_offsets[I], buffers_.data() + buffer_offsets[I], in, out,
-                                  scratch_[I], context_of<I>(ctx), options_.fuse_epilogues);
+      bool done = false;
+      if constexpr (I > 0 && takes_next_activation<I - 1>()) {
+        if (options_.fuse_epilogues) {  // applied by layer I - 1 already: pass its output through
+          out = const_cast<T*>(in);
+          done = true;
+        }
+      }
+      if constexpr (takes_next_activation<I>()) {
+        if (options_.fuse_epilogues) {
+          B::template forward_activated<Policy>(params_.data() + param_offsets[I], buffers_.data() + buffer_offsets[I],
+                                                in, out, scratch_[I], context_of<I>(ctx), layer<I + 1>::kind,
+                                                T(layer<I + 1>::slope));
+          done = true;
+        }
+      }
+      if (!done)
+        B::template forward<Policy>(params_.data() + param_offsets[I], buffers_.data() + buffer_offsets[I], in, out,
+                                    scratch_[I], context_of<I>(ctx), options_.fuse_epilogues);
       inputs_[I] = in;
       outputs_[I] = out;
       in = out;

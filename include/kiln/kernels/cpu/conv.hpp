@@ -7,6 +7,7 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/memory.hpp"
+#include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 
@@ -131,9 +132,11 @@ struct conv_kernels {
   // sample's place, which stays in cache, and the backward builds the columns again (see conv2d_backward). Policy
   // names the policy whose im2col, gemm and add_channel_bias run, so a policy that replaces only the GEMM
   // (cpu_blas) convolves with its own GEMM.
+  // act (with LeakyReLU's slope) is applied to each sample's output after its bias, while it is still in cache: a
+  // static model fuses a Conv2D and the activation layer after it this way (see Sequential).
   template <class Policy, class T>
   static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
-                             const conv_geometry& g) {
+                             const conv_geometry& g, activation act = activation::identity, T slope = T(0)) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
     // Samples are independent: each thread takes a slice of the batch (im2col included), rather than every small
     // per-sample GEMM forking and joining the threads while im2col runs on one.
@@ -146,6 +149,10 @@ struct conv_kernels {
                        plane);
         // The bias goes on each sample while its output is still in cache, on the sample's thread.
         if (bias) Policy::add_channel_bias(y + n * g.out_size(), bias, 1, g.out_channels, plane);
+        if (act != activation::identity) {
+          T* out = y + n * g.out_size();
+          Policy::activation_forward(act, out, out, g.out_size(), slope);
+        }
       }
     });
   }
