@@ -239,11 +239,10 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
   const epilogue<T>& ep = *g.ep;
   // The row tiles: mr rows each, but in place the last rows make one tile when they fit in a tall one (see
   // register_block), and otherwise the last tile takes what is left.
-  const index_t rows_total = i1 - i0;
-  const index_t tiles = a_in_place && rows_total <= register_block<T>::mr_in_place
-                            ? 1
-                            : (a_in_place ? 1 + (rows_total - register_block<T>::mr_in_place + mr - 1) / mr
-                                          : ceil_div(rows_total, index_t(mr)));
+  const index_t rows_total = i1 - i0, tall = register_block<T>::mr_in_place;
+  const index_t tiles = !a_in_place          ? ceil_div(rows_total, index_t(mr))
+                        : rows_total <= tall ? 1
+                                             : 1 + ceil_div(rows_total - tall, index_t(mr));
   const index_t first_tile = std::min(tiles - 1, index_t(first_tile_share * double(tiles)));
   for (index_t jc = j0; jc < j1; jc += nc_max) {
     const index_t nc = std::min(nc_max, j1 - jc);

@@ -23,8 +23,9 @@ struct recurrent_kernels {
   // x W_ih^T + b_ih + h W_hh^T + b_hh on entry and the activations (i, f, g, o) on exit (kept for the backward).
   // c_prev (row stride ld_c_prev; null: zeros) -> c (batch x H, contiguous); h (row stride ld_h) = o * tanh(c).
   template <class T>
-  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void lstm_cell_forward(index_t batch, index_t hidden, T* gates, const T* c_prev, index_t ld_c_prev, T* c,
-                                T* h, index_t ld_h) {
+  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void lstm_cell_forward(index_t batch, index_t hidden, T* gates,
+                                                                     const T* c_prev, index_t ld_c_prev, T* c, T* h,
+                                                                     index_t ld_h) {
     const index_t H = hidden;
     for (index_t b = 0; b < batch; ++b) {
       T* g = gates + b * 4 * H;
@@ -58,8 +59,9 @@ struct recurrent_kernels {
   // from the layer's output, dh (batch x H) the gradient reaching h from the next time step; dc (batch x H) holds
   // dL/dc from the next step on entry and dL/dc_prev on exit.
   template <class T>
-  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void lstm_cell_backward(index_t batch, index_t hidden, T* gates, const T* c_prev, index_t ld_c_prev,
-                                 const T* c, const T* dy, index_t ld_dy, const T* dh, T* dc) {
+  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void lstm_cell_backward(index_t batch, index_t hidden, T* gates,
+                                                                      const T* c_prev, index_t ld_c_prev, const T* c,
+                                                                      const T* dy, index_t ld_dy, const T* dh, T* dc) {
     const index_t H = hidden;
     with_flags(c_prev != nullptr, dy != nullptr, [&](auto has_prev, auto has_dy) KILN_WIDE_VECTOR_LOOPS {
       for (index_t b = 0; b < batch; ++b) {
@@ -99,8 +101,9 @@ struct recurrent_kernels {
   // and hn_saved (batch x H) the recurrent part of n, W_hn h + b_hn, for the backward. h_prev (stride ld_h_prev;
   // null: zeros) -> h (stride ld_h).
   template <class T>
-  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void gru_cell_forward(index_t batch, index_t hidden, T* gx, const T* gh, const T* h_prev, index_t ld_h_prev,
-                               T* hn_saved, T* h, index_t ld_h) {
+  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void gru_cell_forward(index_t batch, index_t hidden, T* gx, const T* gh,
+                                                                    const T* h_prev, index_t ld_h_prev, T* hn_saved,
+                                                                    T* h, index_t ld_h) {
     const index_t H = hidden;
     with_flags(h_prev != nullptr, false, [&](auto has_prev, auto) KILN_WIDE_VECTOR_LOOPS {
       for (index_t b = 0; b < batch; ++b) {
@@ -135,8 +138,10 @@ struct recurrent_kernels {
   // dL/d(h W_hh^T + b_hh). dy (stride ld_dy; null: zeros) and dh (batch x H, from the next step) are the gradients
   // reaching h; dh receives the direct part of dL/dh_prev (z * dL/dh), to which the caller adds dgh W_hh.
   template <class T>
-  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void gru_cell_backward(index_t batch, index_t hidden, T* gx, const T* hn_saved, const T* h_prev,
-                                index_t ld_h_prev, const T* dy, index_t ld_dy, T* dh, T* dgh) {
+  KILN_NOINLINE KILN_WIDE_VECTOR_LOOPS static void gru_cell_backward(index_t batch, index_t hidden, T* gx,
+                                                                     const T* hn_saved, const T* h_prev,
+                                                                     index_t ld_h_prev, const T* dy, index_t ld_dy,
+                                                                     T* dh, T* dgh) {
     const index_t H = hidden;
     with_flags(h_prev != nullptr, dy != nullptr, [&](auto has_prev, auto has_dy) KILN_WIDE_VECTOR_LOOPS {
       for (index_t b = 0; b < batch; ++b) {
