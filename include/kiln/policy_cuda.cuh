@@ -16,6 +16,7 @@
 #include "kiln/core/cuda/handles.cuh"
 #include "kiln/core/cuda/pinned_buffer.cuh"
 #include "kiln/core/cuda/stream.cuh"
+#include "kiln/kernels/cuda/adam_capturable.cuh"
 #include "kiln/kernels/cuda/dropout.cuh"
 #include "kiln/kernels/cuda/elementwise.cuh"
 #include "kiln/kernels/cuda/gemm.cuh"
@@ -36,6 +37,7 @@ struct cuda : kernels::cuda::elementwise_kernels,
               kernels::cuda::softmax_kernels,
               kernels::cuda::loss_kernels,
               kernels::cuda::optim_kernels,
+              kernels::cuda::capturable_optim_kernels,  // Adam with adam_options::capturable
               kernels::cuda::dropout_kernels,
               // CNN and recurrent kernels (conv2d_forward / conv2d_backward: im2col + Policy::gemm)
               kernels::cuda::cnn_kernels,

@@ -54,8 +54,9 @@ class device_cache {
   // The size class of a request: eight classes per power of two, so a block wastes at most 12.5% of its bytes.
   static std::size_t size_class(std::size_t bytes) {
     if (bytes <= min_block) return min_block;
-    const int octave = std::bit_width(bytes - 1);  // 2^octave >= bytes
-    const std::size_t step = std::max(min_block, std::size_t{1} << (octave - 3));
+    const int octave = std::bit_width(bytes - 1);  // 2^(octave - 1) < bytes <= 2^octave
+    // That octave, 2^(octave - 1) bytes wide, in eight steps.
+    const std::size_t step = std::max(min_block, std::size_t{1} << (octave - 4));
     return (bytes + step - 1) / step * step;
   }
 

@@ -17,6 +17,7 @@
 #include "kiln/core/cuda/check.cuh"
 #include "kiln/core/cuda/pinned_buffer.cuh"
 #include "kiln/core/cuda/stream.cuh"
+#include "kiln/kernels/cpu/gemm_microkernel.hpp"
 #include "kiln/kernels/cuda/launch.cuh"
 
 namespace kiln::kernels::cuda {
@@ -140,13 +141,30 @@ struct square_term {
   __device__ double operator()(index_t i) const { return double(x[i]) * x[i]; }
 };
 
-// Column sums, one thread per column walking down the rows in order: the CPU's exact operations, bit for bit.
+// Column sums, one thread per column, in the CPU's order, bit for bit (kernels/cpu/reduce.hpp): the CPU takes the
+// columns in strips of 4 vectors of cpu_width lanes, and a strip of v vectors sums its rows in 4, 2 or 1 interleaved
+// chains (v = 1, 2, more), chain k taking the rows k, k + chains, ..., added pairwise at the end and then to the old
+// value. The order thus depends on the host's vector width, which the caller passes.
 template <class T>
-__global__ void sum_rows_sequential_kernel(const T* x, T* sums, index_t rows, index_t cols, bool accumulate) {
+__global__ void sum_rows_sequential_kernel(const T* x, T* sums, index_t rows, index_t cols, bool accumulate,
+                                           int cpu_width) {
   for (index_t c = global_thread(); c < cols; c += global_threads()) {
-    T total = accumulate ? sums[c] : T(0);
-    for (index_t r = 0; r < rows; ++r) total += x[r * cols + c];
-    sums[c] = total;
+    const index_t strip_start = c / (4 * cpu_width) * (4 * cpu_width);
+    const index_t strip = cols - strip_start < 4 * cpu_width ? cols - strip_start : 4 * cpu_width;
+    const index_t vectors = (strip + cpu_width - 1) / cpu_width;
+    const int chains = vectors == 1 ? 4 : vectors == 2 ? 2 : 1;
+    T chain[4] = {T(0), T(0), T(0), T(0)};
+    for (index_t r = 0; r < rows; ++r) {
+      const T v = x[r * cols + c];
+      // A run-time index would put chain[] in local memory; the unrolled compare keeps it in registers.
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (k == int(r % chains)) chain[k] += v;
+    }
+    T total = chain[0];
+    if (chains == 2) total = chain[0] + chain[1];
+    if (chains == 4) total = (chain[0] + chain[1]) + (chain[2] + chain[3]);
+    sums[c] = accumulate ? sums[c] + total : total;
   }
 }
 
@@ -182,7 +200,7 @@ struct reduce_kernels {
     // Few rows, or columns enough to fill the device: the CPU's order, so CPU and GPU bias gradients agree exactly.
     if (rows <= 1024 || cols >= 16384) {
       detail::sum_rows_sequential_kernel<<<detail::grid_for(cols), detail::block_threads, 0, stream>>>(
-          x, column_sums, rows, cols, accumulate);
+          x, column_sums, rows, cols, accumulate, cpu::gemm_detail::simd<T>::width);
     } else {
       const auto blocks = static_cast<unsigned>((cols + 31) / 32);
       detail::sum_rows_tiled_kernel<<<blocks, detail::block_threads, 0, stream>>>(x, column_sums, rows, cols,
