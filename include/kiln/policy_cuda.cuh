@@ -61,6 +61,9 @@ struct cuda : kernels::cuda::elementwise_kernels,
   }
   // Waits for everything queued on the kiln stream.
   static void synchronize() { kiln::cuda::synchronize(); }
+  // Untyped device memory from the caching allocator: dynamic mode's values and gradients (KILN_DYNAMIC_POLICY).
+  static kiln::cuda::device_block allocate_bytes(std::size_t bytes) { return kiln::cuda::allocate_device(bytes); }
+  static void free_bytes(void* data, std::size_t bytes) noexcept { kiln::cuda::free_device({data, bytes}); }
 
   // ---- matrix products ----------------------------------------------------------------------------------------------
   // C = act(alpha op(A) op(B) + beta C + bias), row-major, as kernels::cpu::gemm. FP32 math for float (no TF32).

@@ -6,7 +6,6 @@
 // Copying a module is shallow: the copy shares parameters and children with the original (handles are references).
 #pragma once
 
-#include <cstring>
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -140,7 +139,7 @@ class basic_module {
   state_dict_type state_dict() const {
     state_dict_type dict;
     for_each_state("", [&](const std::string& key, const variable& v) {
-      dict.emplace_back(key, Tensor<T>(tensor_view<const T>(v.value())));
+      dict.emplace_back(key, v.tensor());
     });
     return dict;
   }
@@ -178,8 +177,7 @@ class basic_module {
       for (std::size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
       fail(message);
     }
-    for (auto& [v, tensor] : copies)
-      if (tensor->numel()) std::memcpy(v.data(), tensor->data(), static_cast<std::size_t>(tensor->numel()) * sizeof(T));
+    for (auto& [v, tensor] : copies) detail::copy_values_from_host(tensor->data(), v.data(), tensor->numel());
   }
 
   // Where a module's initial values came from: the (seed, stream) of kiln::next_init_generator() it drew.

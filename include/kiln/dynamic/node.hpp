@@ -8,8 +8,68 @@
 
 #include "kiln/core/shape.hpp"
 #include "kiln/dynamic/allocator.hpp"
+#include "kiln/dynamic/policy.hpp"
 
 namespace kiln::nn::detail {
+
+// ---- where values live ----------------------------------------------------------------------------------------------
+// Values, gradients and scratch live where dynamic_policy computes: host blocks from the caching allocator above for
+// the CPU policy, device memory from the policy's own caching allocator for a GPU policy (KILN_DYNAMIC_POLICY).
+// Nodes themselves are always host memory. The helpers below are the only places dynamic mode touches a value from
+// the host; on the CPU each is the plain memory operation it replaces.
+
+template <class P = dynamic_policy>
+storage_block allocate_tensor_storage(std::size_t bytes) {
+  if constexpr (P::host_accessible) {
+    return allocate_storage(bytes);
+  } else {
+    if (bytes == 0) return {};
+    const auto block = P::allocate_bytes(bytes);
+    return {block.data, block.bytes};
+  }
+}
+template <class P = dynamic_policy>
+void free_tensor_storage(storage_block block) {
+  if constexpr (P::host_accessible) free_storage(block);
+  else if (block.data) P::free_bytes(block.data, block.bytes);
+}
+// Sets n elements to zero.
+template <class T, class P = dynamic_policy>
+void zero_values(T* data, index_t n) {
+  if (n <= 0) return;
+  if constexpr (P::host_accessible) std::memset(data, 0, static_cast<std::size_t>(n) * sizeof(T));
+  else P::fill(data, T(0), n);
+}
+// Copies n elements from host memory into a value.
+template <class T, class P = dynamic_policy>
+void copy_values_from_host(const T* host, T* data, index_t n) {
+  if (n <= 0) return;
+  if constexpr (P::host_accessible) std::memcpy(data, host, static_cast<std::size_t>(n) * sizeof(T));
+  else P::upload(host, data, n);
+}
+// Copies n elements of a value into host memory (on a GPU: waits for the work queued before).
+template <class T, class P = dynamic_policy>
+void copy_values_to_host(const T* data, T* host, index_t n) {
+  if (n <= 0) return;
+  if constexpr (P::host_accessible) std::memcpy(host, data, static_cast<std::size_t>(n) * sizeof(T));
+  else P::download(data, host, n);
+}
+// One element: a loss, or the seed of backward().
+template <class T, class P = dynamic_policy>
+T read_value(const T* data) {
+  if constexpr (P::host_accessible) {
+    return *data;
+  } else {
+    T value;
+    P::download(data, &value, 1);
+    return value;
+  }
+}
+template <class T, class P = dynamic_policy>
+void write_value(T* data, T value) {
+  if constexpr (P::host_accessible) *data = value;
+  else P::upload(&value, data, 1);
+}
 
 template <class T>
 struct variable_node {
@@ -38,8 +98,8 @@ KILN_ALWAYS_INLINE void retain(variable_node<T>* n) {
 template <class T>
 void destroy_node(variable_node<T>* n) {
   if (n->creator >= 0) forget_creator(n);
-  free_storage(n->grad_block);
-  free_storage(n->value_block);
+  free_tensor_storage(n->grad_block);
+  free_tensor_storage(n->value_block);
   variable_node<T>* owner = n->storage_owner;
   storage_block self = n->self_block;
   n->~variable_node();
@@ -62,7 +122,7 @@ variable_node<T>* make_node(const kiln::shape& s, bool requires_grad, bool is_le
   n->requires_grad = requires_grad;
   n->is_leaf = is_leaf;
   if (allocate_value) {
-    n->value_block = allocate_storage(static_cast<std::size_t>(s.numel()) * sizeof(T));
+    n->value_block = allocate_tensor_storage(static_cast<std::size_t>(s.numel()) * sizeof(T));
     n->value = static_cast<T*>(n->value_block.data);
   }
   return n;
@@ -72,14 +132,14 @@ variable_node<T>* make_node(const kiln::shape& s, bool requires_grad, bool is_le
 template <class T>
 T* allocate_grad(variable_node<T>* n, bool zero) {
   std::size_t bytes = static_cast<std::size_t>(n->shape.numel()) * sizeof(T);
-  n->grad_block = allocate_storage(bytes);
+  n->grad_block = allocate_tensor_storage(bytes);
   n->grad = static_cast<T*>(n->grad_block.data);
-  if (zero && bytes) std::memset(n->grad, 0, bytes);
+  if (zero) zero_values(n->grad, n->shape.numel());
   return n->grad;
 }
 template <class T>
 void free_grad(variable_node<T>* n) {
-  free_storage(n->grad_block);
+  free_tensor_storage(n->grad_block);
   n->grad_block = {};
   n->grad = nullptr;
 }
@@ -88,10 +148,11 @@ void free_grad(variable_node<T>* n) {
 template <class T>
 class scratch_buffer {
  public:
-  explicit scratch_buffer(index_t count) : block_(allocate_storage(static_cast<std::size_t>(count) * sizeof(T))) {}
+  explicit scratch_buffer(index_t count)
+      : block_(allocate_tensor_storage(static_cast<std::size_t>(count) * sizeof(T))) {}
   scratch_buffer(const scratch_buffer&) = delete;
   scratch_buffer& operator=(const scratch_buffer&) = delete;
-  ~scratch_buffer() { free_storage(block_); }
+  ~scratch_buffer() { free_tensor_storage(block_); }
   T* data() const { return static_cast<T*>(block_.data); }
 
  private:

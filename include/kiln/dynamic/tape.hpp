@@ -80,10 +80,10 @@ class tape {
       ~clear_at_exit() { self->clear(); }
     } guard{this};
     if (root->grad) {
-      if (root->is_leaf) root->grad[0] += T(1);
-      else root->grad[0] = T(1);
+      if (root->is_leaf) write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
+      else write_value(root->grad, T(1));
     } else {
-      allocate_grad(root, false)[0] = T(1);
+      write_value(allocate_grad(root, false), T(1));
     }
     for (int i = root->creator; i >= 0; --i) {
       const auto& e = entries_[static_cast<std::size_t>(i)];

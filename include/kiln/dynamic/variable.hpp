@@ -2,9 +2,9 @@
 // value, its gradient and its place on the autograd tape, like a torch.Tensor with requires_grad.
 #pragma once
 
-#include <cstring>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
@@ -24,14 +24,22 @@ class basic_variable {
   // A zero-filled leaf of the given shape.
   explicit basic_variable(const kiln::shape& s, bool requires_grad = false)
       : node_(detail::make_node<T>(s, requires_grad, true)) {
-    if (s.numel()) std::memset(node_->value, 0, static_cast<std::size_t>(s.numel()) * sizeof(T));
+    detail::zero_values(node_->value, s.numel());
   }
-  // A leaf holding a copy of the data (storage comes from the caching allocator, not the tensor's own buffer).
+  // A leaf holding a copy of the data, which is host memory (storage comes from the caching allocator, not the
+  // tensor's own buffer; on a GPU policy, device memory).
   basic_variable(tensor_view<const T> data, bool requires_grad = false)
       : node_(detail::make_node<T>(data.shape(), requires_grad, true)) {
-    if (data.numel()) std::memcpy(node_->value, data.data(), static_cast<std::size_t>(data.numel()) * sizeof(T));
+    detail::copy_values_from_host(data.data(), node_->value, data.numel());
   }
   basic_variable(const Tensor<T>& data, bool requires_grad = false) : basic_variable(data.view(), requires_grad) {}
+  // A leaf holding a copy of data that is already in the policy's memory (device memory on a GPU policy: a batch of
+  // a dataset uploaded once, copied on the device; on the CPU the same as the constructor from a view).
+  static basic_variable copy_of_policy_memory(tensor_view<const T> data, bool requires_grad = false) {
+    basic_variable v = adopt(detail::make_node<T>(data.shape(), requires_grad, true));
+    if (data.numel()) dynamic_policy::copy(data.data(), v.node_->value, data.numel());
+    return v;
+  }
 
   basic_variable(const basic_variable& other) noexcept : node_(other.node_) { detail::retain(node_); }
   basic_variable(basic_variable&& other) noexcept : node_(std::exchange(other.node_, nullptr)) {}
@@ -57,15 +65,22 @@ class basic_variable {
   const kiln::shape& shape() const { return checked()->shape; }
   int dim() const { return shape().rank(); }
   index_t numel() const { return shape().numel(); }
+  // The value's memory: host memory on the CPU policy, device memory on a GPU policy (KILN_DYNAMIC_POLICY).
   T* data() const { return checked()->value; }
   // The value as a writable view (shared: writing through it changes this variable, like tensor.data in PyTorch).
+  // On a GPU policy the view is of device memory: pass it to the policy's kernels, or read it with tensor().
   tensor_view<T> value() const { return {checked()->value, checked()->shape}; }
-  // A copy of the value.
-  Tensor<T> tensor() const { return Tensor<T>(tensor_view<const T>(value())); }
-  // The single value of a one-element variable.
+  // A copy of the value in host memory.
+  Tensor<T> tensor() const {
+    if constexpr (dynamic_policy::host_accessible) return Tensor<T>(tensor_view<const T>(value()));
+    Tensor<T> copy(checked()->shape);
+    detail::copy_values_to_host(static_cast<const T*>(node_->value), copy.data(), copy.numel());
+    return copy;
+  }
+  // The single value of a one-element variable (on a GPU, waits for it).
   T item() const {
     if (numel() != 1) fail("Variable::item: expected one element, found shape ", shape());
-    return node_->value[0];
+    return detail::read_value(static_cast<const T*>(node_->value));
   }
 
   // The gradient that backward() left here. Leaves (parameters, inputs created with requires_grad) keep and
@@ -89,7 +104,7 @@ class basic_variable {
   }
   // Zero-fills the gradient buffer if there is one (kept allocated, so an optimizer's pointers stay valid).
   void zero_grad() const {
-    if (checked()->grad) std::memset(node_->grad, 0, static_cast<std::size_t>(numel()) * sizeof(T));
+    if (checked()->grad) detail::zero_values(node_->grad, numel());
   }
   // Allocates a zero gradient if there is none yet (registration does this for parameters).
   void ensure_grad() const {
@@ -108,8 +123,8 @@ class basic_variable {
     if (node_->creator < 0) {
       if (node_->graph_freed)
         fail("Variable::backward: the graph that produced this value was already freed by an earlier backward()");
-      if (node_->grad) node_->grad[0] += T(1);
-      else detail::allocate_grad(node_, false)[0] = T(1);
+      if (node_->grad) detail::write_value(node_->grad, detail::read_value(static_cast<const T*>(node_->grad)) + T(1));
+      else detail::write_value(detail::allocate_grad(node_, false), T(1));
       return;
     }
     detail::tape<T>::instance().backward(node_);
@@ -144,6 +159,38 @@ optim::parameter_slot<T> as_parameter_slot(const basic_variable<T>& v) {
   auto* n = v.node();
   return {n->value, n->grad, n->shape.numel(), &n->requires_grad};
 }
+
+namespace detail {
+
+// A variable's value to fill from the host (the modules' initialisers): on the CPU policy the value itself; on a GPU
+// policy a host copy, which write_back() copies to the device. An empty handle gives an empty span.
+template <class T>
+class host_values {
+ public:
+  explicit host_values(const basic_variable<T>& v) : variable_(v) {
+    if constexpr (!dynamic_policy::host_accessible) {
+      if (!v.defined()) return;
+      copy_.resize(static_cast<std::size_t>(v.numel()));
+      copy_values_to_host(static_cast<const T*>(v.data()), copy_.data(), v.numel());
+    }
+  }
+  std::span<T> span() {
+    if (!variable_.defined()) return {};
+    if constexpr (dynamic_policy::host_accessible)
+      return std::span<T>(variable_.data(), static_cast<std::size_t>(variable_.numel()));
+    return std::span<T>(copy_);
+  }
+  void write_back() {
+    if constexpr (!dynamic_policy::host_accessible)
+      if (variable_.defined()) copy_values_from_host(copy_.data(), variable_.data(), variable_.numel());
+  }
+
+ private:
+  basic_variable<T> variable_;
+  std::vector<T> copy_;
+};
+
+}  // namespace detail
 
 // The number of entries on this thread's tape (for tests and diagnostics).
 template <class T = float>

@@ -33,18 +33,23 @@ namespace detail {
 
 inline constexpr index_t geometry_fields = 15;
 
-// The geometry as T values at the start of a saved node (small integers: exact in float).
+// The geometry as T values at the start of a saved node (small integers: exact in float). The node is in the
+// policy's memory, so the values go through a host array (on a GPU, a copy each way; the load waits).
 template <class T>
 void store_geometry(T* out, const conv_geometry& g) {
   const index_t f[geometry_fields] = {g.channels,   g.height,   g.width,    g.out_channels, g.out_height,
                                       g.out_width,  g.kernel_h, g.kernel_w, g.stride_h,     g.stride_w,
                                       g.pad_h,      g.pad_w,    g.dilation_h, g.dilation_w, g.groups};
-  for (index_t i = 0; i < geometry_fields; ++i) out[i] = static_cast<T>(f[i]);
+  T values[geometry_fields];
+  for (index_t i = 0; i < geometry_fields; ++i) values[i] = static_cast<T>(f[i]);
+  copy_values_from_host(values, out, geometry_fields);
 }
 template <class T>
 conv_geometry load_geometry(const T* in) {
+  T values[geometry_fields];
+  copy_values_to_host(in, values, geometry_fields);
   index_t f[geometry_fields];
-  for (index_t i = 0; i < geometry_fields; ++i) f[i] = static_cast<index_t>(in[i]);
+  for (index_t i = 0; i < geometry_fields; ++i) f[i] = static_cast<index_t>(values[i]);
   conv_geometry g;
   g.channels = f[0];
   g.height = f[1];

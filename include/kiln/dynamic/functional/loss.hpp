@@ -19,7 +19,7 @@ namespace detail {
 template <class T>
 void saved_gradient_backward(const tape_entry<T>& e) {
   using P = dynamic_policy;
-  T upstream = e.out->grad[0];
+  const T upstream = read_value(static_cast<const T*>(e.out->grad));  // on a GPU, a wait
   const T* saved = e.in[2]->value;
   index_t n = e.in[2]->shape.numel();
   auto dx = grad_target_for(e.in[0]);
@@ -41,11 +41,11 @@ basic_variable<T> fused_loss(variable_node<T>* input, variable_node<T>* target, 
                              Kernel&& kernel) {
   auto y = make_output<T>(kiln::shape{}, record);
   if (!record) {
-    y.data()[0] = kernel(static_cast<T*>(nullptr));
+    write_value(y.data(), kernel(static_cast<T*>(nullptr)));
     return y;
   }
   auto saved = basic_variable<T>::adopt(make_node<T>(input->shape, false, true));
-  y.data()[0] = kernel(saved.data());
+  write_value(y.data(), kernel(saved.data()));
   tape<T>::instance().record(&saved_gradient_backward<T>, y.node(), input, target, saved.node(), target_sign);
   return y;
 }
@@ -78,6 +78,14 @@ basic_variable<T> cross_entropy(const basic_variable<T>& logits, std::span<const
     fail("cross_entropy: expected ", rows, " labels for logits of shape ", in->shape, ", found ", labels.size());
   if (rows == 0) fail("cross_entropy: expected at least one row, found logits of shape ", in->shape);
   bool record = detail::should_record<T>({in});
+  if constexpr (!dynamic_policy::host_accessible) {
+    // The labels are host memory; the policy's kernel reads them from its own.
+    detail::scratch_buffer<std::int64_t> device_labels(rows);
+    detail::copy_values_from_host(labels.data(), device_labels.data(), rows);
+    return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad) {
+      return dynamic_policy::softmax_cross_entropy(in->value, device_labels.data(), rows, classes, r, grad);
+    });
+  }
   return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad) {
     return dynamic_policy::softmax_cross_entropy(in->value, labels.data(), rows, classes, r, grad);
   });

@@ -30,15 +30,21 @@ struct rnn_header {
   index_t seq = 0, batch = 0;
   bool training = false, has_h0 = false, has_c0 = false;
 
+  static constexpr index_t fields = 12;
+  // at is in the policy's memory: the numbers go through a host array (on a GPU, a copy each way; read waits).
   template <class T>
-  void write(T* at) const {
-    const double v[] = {double(d.input_size), double(d.hidden_size), double(d.num_layers), double(d.bias),
-                        double(d.bidirectional), double(d.batch_first), double(d.dropout), double(seq),
-                        double(batch), double(training), double(has_h0), double(has_c0)};
-    for (std::size_t i = 0; i < std::size(v); ++i) at[i] = static_cast<T>(v[i]);
+  void write(T* to) const {
+    const double v[fields] = {double(d.input_size), double(d.hidden_size), double(d.num_layers), double(d.bias),
+                              double(d.bidirectional), double(d.batch_first), double(d.dropout), double(seq),
+                              double(batch), double(training), double(has_h0), double(has_c0)};
+    T at[fields];
+    for (index_t i = 0; i < fields; ++i) at[i] = static_cast<T>(v[i]);
+    copy_values_from_host(at, to, fields);
   }
   template <class T>
-  static rnn_header read(const T* at) {
+  static rnn_header read(const T* from) {
+    T at[fields];
+    copy_values_to_host(from, at, fields);
     rnn_header h;
     auto i = [&](int k) { return static_cast<index_t>(at[k]); };
     h.d = rnn_dims{i(0), i(1), i(2), at[3] != T(0), at[4] != T(0), at[5] != T(0), static_cast<float>(at[6])};
@@ -182,8 +188,8 @@ basic_variable<T> rnn_op(const basic_variable<T>& x, const basic_variable<T>& hx
   bool record = detail::should_record<T>({xn, fn, hn});
   auto packed = basic_variable<T>::adopt(detail::make_node<T>(kiln::shape{results}, record, false, false));
   auto* pn = packed.node();
-  pn->value_block = allocate_storage(static_cast<std::size_t>(results + detail::rnn_header::size + plan.saved_size) *
-                                     sizeof(T));
+  pn->value_block = detail::allocate_tensor_storage(
+      static_cast<std::size_t>(results + detail::rnn_header::size + plan.saved_size) * sizeof(T));
   pn->value = static_cast<T*>(pn->value_block.data);
   h.write(pn->value + results);
   T* saved = pn->value + results + detail::rnn_header::size;

@@ -12,7 +12,7 @@ void spread_backward(const tape_entry<T>& e) {  // scalar: the factor (1 for sum
   using P = dynamic_policy;
   auto t = grad_target_for(e.in[0]);
   index_t n = e.in[0]->shape.numel();
-  T g = e.out->grad[0] * e.scalar;
+  T g = read_value(static_cast<const T*>(e.out->grad)) * e.scalar;
   write_or_add<P>(t, n, [&](T* dst) { P::fill(dst, g, n); });
 }
 
@@ -23,7 +23,7 @@ basic_variable<T> reduce_all(const basic_variable<T>& x, bool mean, const char* 
   bool record = should_record<T>({xn});
   auto y = make_output<T>(kiln::shape{}, record);
   T total = dynamic_policy::sum(xn->value, n);
-  y.data()[0] = mean ? total / static_cast<T>(n) : total;
+  write_value(y.data(), mean ? total / static_cast<T>(n) : total);
   if (record)
     tape<T>::instance().record(&spread_backward<T>, y.node(), xn, nullptr, nullptr,
                                mean ? T(1) / static_cast<T>(n) : T(1));

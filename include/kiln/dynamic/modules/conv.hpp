@@ -80,9 +80,10 @@ class basic_conv2d : public basic_module<T> {
   }
   using basic_module<T>::describe;
   void reset_parameters(random_generator& rng) override {
-    conv2d_init<T>(std::span<T>(weight.data(), static_cast<std::size_t>(weight.numel())),
-                   bias.defined() ? std::span<T>(bias.data(), static_cast<std::size_t>(bias.numel())) : std::span<T>(),
-                   in_ / groups_ * kernel_ * kernel_, rng);
+    detail::host_values<T> w(weight), b(bias);
+    conv2d_init<T>(w.span(), b.span(), in_ / groups_ * kernel_ * kernel_, rng);
+    w.write_back();
+    b.write_back();
   }
 
   variable weight;  // (out_channels, in_channels / groups, kernel_size, kernel_size)

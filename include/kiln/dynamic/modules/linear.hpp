@@ -45,9 +45,10 @@ class basic_linear : public basic_module<T> {
   using basic_module<T>::describe;
   // PyTorch's default Linear initialisation (dense_init, the function static mode's Dense uses).
   void reset_parameters(random_generator& rng) override {
-    dense_init<T>(std::span<T>(weight.data(), static_cast<std::size_t>(weight.numel())),
-                  bias.defined() ? std::span<T>(bias.data(), static_cast<std::size_t>(bias.numel())) : std::span<T>(),
-                  in_, rng);
+    detail::host_values<T> w(weight), b(bias);
+    dense_init<T>(w.span(), b.span(), in_, rng);
+    w.write_back();
+    b.write_back();
   }
   index_t in_features() const { return in_; }
   index_t out_features() const { return out_; }

@@ -51,16 +51,16 @@ class basic_batch_norm : public basic_module<T> {
   }
 
   void reset_running_stats() {
-    for (index_t c = 0; c < features_; ++c) {
-      running_mean.data()[c] = T(0);
-      running_var.data()[c] = T(1);
-    }
-    num_batches_tracked.data()[0] = T(0);
+    dynamic_policy::fill(running_mean.data(), T(0), features_);
+    dynamic_policy::fill(running_var.data(), T(1), features_);
+    dynamic_policy::fill(num_batches_tracked.data(), T(0), 1);
   }
   void reset_parameters(random_generator&) override {
-    if (weight.defined())
-      batch_norm_init<T>(std::span<T>(weight.data(), static_cast<std::size_t>(features_)),
-                         std::span<T>(bias.data(), static_cast<std::size_t>(features_)));
+    if (!weight.defined()) return;
+    detail::host_values<T> w(weight), b(bias);
+    batch_norm_init<T>(w.span(), b.span());
+    w.write_back();
+    b.write_back();
   }
 
   std::string name() const override { return two_d_ ? "BatchNorm2d" : "BatchNorm1d"; }
@@ -121,9 +121,11 @@ class basic_layer_norm : public basic_module<T> {
     }
   }
   void reset_parameters(random_generator&) override {
-    if (weight.defined())
-      layer_norm_init<T>(std::span<T>(weight.data(), static_cast<std::size_t>(weight.numel())),
-                         std::span<T>(bias.data(), static_cast<std::size_t>(bias.numel())));
+    if (!weight.defined()) return;
+    detail::host_values<T> w(weight), b(bias);
+    layer_norm_init<T>(w.span(), b.span());
+    w.write_back();
+    b.write_back();
   }
   std::string name() const override { return "LayerNorm"; }
   std::string extra_repr() const override {

@@ -61,8 +61,8 @@ class basic_recurrent : public basic_module<T> {
       variable p = this->register_parameter(info.name, Tensor<T>(info.shape));
       // The parameter becomes a view of its slice of the flat array (value and gradient).
       auto* n = p.node();
-      free_storage(std::exchange(n->value_block, storage_block{}));
-      free_storage(std::exchange(n->grad_block, storage_block{}));
+      detail::free_tensor_storage(std::exchange(n->value_block, storage_block{}));
+      detail::free_tensor_storage(std::exchange(n->grad_block, storage_block{}));
       n->value = flat->value + info.offset;
       n->grad = flat->grad + info.offset;
       n->storage_owner = flat;
@@ -103,7 +103,9 @@ class basic_recurrent : public basic_module<T> {
   // PyTorch's initialisation: every parameter U(-1/sqrt(hidden), 1/sqrt(hidden)), in parameter order (rnn_init, the
   // function static mode's layer uses).
   void reset_parameters(random_generator& rng) override {
-    rnn_init<T>(std::span<T>(flat_.data(), static_cast<std::size_t>(flat_.numel())), dims_.hidden_size, rng);
+    detail::host_values<T> flat(flat_);
+    rnn_init<T>(flat.span(), dims_.hidden_size, rng);
+    flat.write_back();
   }
 
   const rnn_dims& dims() const { return dims_; }
