@@ -65,10 +65,11 @@ T read_value(const T* data) {
     return value;
   }
 }
+// (On a GPU a one-element fill: a kernel launch that neither waits nor needs a staging buffer.)
 template <class T, class P = dynamic_policy>
 void write_value(T* data, T value) {
   if constexpr (P::host_accessible) *data = value;
-  else P::upload(&value, data, 1);
+  else P::fill(data, value, 1);
 }
 
 template <class T>

@@ -77,7 +77,10 @@ class tape {
   void backward(variable_node<T>* root) {
     struct clear_at_exit {
       tape* self;
-      ~clear_at_exit() { self->clear(); }
+      ~clear_at_exit() {
+        self->seeded_root_ = nullptr;
+        self->clear();
+      }
     } guard{this};
     if (root->grad) {
       if (root->is_leaf) write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
@@ -85,6 +88,7 @@ class tape {
     } else {
       write_value(allocate_grad(root, false), T(1));
     }
+    seeded_root_ = root->is_leaf ? nullptr : root;
     for (int i = root->creator; i >= 0; --i) {
       const auto& e = entries_[static_cast<std::size_t>(i)];
       if (!e.out || !e.out->grad) continue;  // dead, or nothing flows back through it
@@ -107,9 +111,13 @@ class tape {
   }
 
   std::size_t size() const { return entries_.size(); }
+  // Whether n is the root of the backward() under way, whose gradient is the seed 1: a loss's backward then knows its
+  // upstream gradient without reading it (on a GPU, a copy to the host and a wait).
+  bool seeded_with_one(const variable_node<T>* n) const { return n == seeded_root_; }
 
  private:
   std::vector<tape_entry<T>> entries_;
+  variable_node<T>* seeded_root_ = nullptr;
 };
 
 template <class T>

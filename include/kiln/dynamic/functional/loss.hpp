@@ -14,12 +14,20 @@ namespace kiln::nn {
 
 namespace detail {
 
+// dynamic_policy, named through T so that kernels only a GPU policy has (the *_on_device losses) are looked up when
+// an op is instantiated rather than where it is defined.
+template <class T>
+struct loss_policy {
+  using type = dynamic_policy;
+};
+
 // in[0]: the input, in[1]: a real-valued target or null, in[2]: the saved dL/dinput. scalar: the target's sign
 // (-1 for MSE, whose target gradient is the negated input gradient; 0 where the target gets none).
 template <class T>
 void saved_gradient_backward(const tape_entry<T>& e) {
   using P = dynamic_policy;
-  const T upstream = read_value(static_cast<const T*>(e.out->grad));  // on a GPU, a wait
+  const T upstream =
+      tape<T>::instance().seeded_with_one(e.out) ? T(1) : read_value(static_cast<const T*>(e.out->grad));
   const T* saved = e.in[2]->value;
   index_t n = e.in[2]->shape.numel();
   auto dx = grad_target_for(e.in[0]);
@@ -35,17 +43,18 @@ void saved_gradient_backward(const tape_entry<T>& e) {
     write_or_add<P>(grad_target_for(e.in[1]), n, [&](T* dst) { P::scale(saved, upstream * e.scalar, dst, n); });
 }
 
-// Runs kernel(grad_or_null) and wraps the loss in a rank-0 output; records the backward when needed.
+// Runs kernel(grad_or_null, loss), which writes the loss into the rank-0 output's value, and records the backward
+// when needed.
 template <class T, class Kernel>
 basic_variable<T> fused_loss(variable_node<T>* input, variable_node<T>* target, T target_sign, bool record,
                              Kernel&& kernel) {
   auto y = make_output<T>(kiln::shape{}, record);
   if (!record) {
-    write_value(y.data(), kernel(static_cast<T*>(nullptr)));
+    kernel(static_cast<T*>(nullptr), y.data());
     return y;
   }
   auto saved = basic_variable<T>::adopt(make_node<T>(input->shape, false, true));
-  write_value(y.data(), kernel(saved.data()));
+  kernel(saved.data(), y.data());
   tape<T>::instance().record(&saved_gradient_backward<T>, y.node(), input, target, saved.node(), target_sign);
   return y;
 }
@@ -61,8 +70,12 @@ basic_variable<T> mse_loss(const basic_variable<T>& input, const basic_variable<
   if (in->shape != tg->shape)
     fail("mse_loss: expected input and target of the same shape, found ", in->shape, " and ", tg->shape);
   bool record = detail::should_record<T>({in, tg});
-  return detail::fused_loss<T>(in, tg, T(-1), record, [&](T* grad) {
-    return dynamic_policy::mse(in->value, tg->value, in->shape.numel(), r, grad);
+  return detail::fused_loss<T>(in, tg, T(-1), record, [&](T* grad, T* loss) {
+    using P = typename detail::loss_policy<T>::type;
+    if constexpr (P::host_accessible)
+      *loss = P::mse(in->value, tg->value, in->shape.numel(), r, grad);
+    else
+      P::mse_on_device(in->value, tg->value, in->shape.numel(), r, grad, loss);
   });
 }
 
@@ -79,15 +92,21 @@ basic_variable<T> cross_entropy(const basic_variable<T>& logits, std::span<const
   if (rows == 0) fail("cross_entropy: expected at least one row, found logits of shape ", in->shape);
   bool record = detail::should_record<T>({in});
   if constexpr (!dynamic_policy::host_accessible) {
-    // The labels are host memory; the policy's kernel reads them from its own.
+    // The labels are host memory, checked here as the CPU kernel checks them, then uploaded: the device kernel that
+    // leaves the loss on the device (no wait) cannot report a bad label.
+    for (index_t i = 0; i < rows; ++i)
+      if (labels[static_cast<std::size_t>(i)] < 0 || labels[static_cast<std::size_t>(i)] >= classes)
+        fail("cross_entropy: expected labels in [0, ", classes, "), found ", labels[static_cast<std::size_t>(i)],
+             " at row ", i);
     detail::scratch_buffer<std::int64_t> device_labels(rows);
     detail::copy_values_from_host(labels.data(), device_labels.data(), rows);
-    return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad) {
-      return dynamic_policy::softmax_cross_entropy(in->value, device_labels.data(), rows, classes, r, grad);
+    return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad, T* loss) {
+      using P = typename detail::loss_policy<T>::type;
+      P::softmax_cross_entropy_on_device(in->value, device_labels.data(), rows, classes, r, grad, loss);
     });
   }
-  return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad) {
-    return dynamic_policy::softmax_cross_entropy(in->value, labels.data(), rows, classes, r, grad);
+  return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad, T* loss) {
+    *loss = dynamic_policy::softmax_cross_entropy(in->value, labels.data(), rows, classes, r, grad);
   });
 }
 template <class T>
@@ -111,8 +130,12 @@ basic_variable<T> binary_cross_entropy_with_logits(const basic_variable<T>& logi
   if (tg->requires_grad && is_grad_enabled())
     fail("binary_cross_entropy_with_logits: the target requires grad, which is not supported; detach() it");
   bool record = detail::should_record<T>({in});
-  return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad) {
-    return dynamic_policy::bce_with_logits(in->value, tg->value, in->shape.numel(), r, grad);
+  return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad, T* loss) {
+    using P = typename detail::loss_policy<T>::type;
+    if constexpr (P::host_accessible)
+      *loss = P::bce_with_logits(in->value, tg->value, in->shape.numel(), r, grad);
+    else
+      P::bce_with_logits_on_device(in->value, tg->value, in->shape.numel(), r, grad, loss);
   });
 }
 
