@@ -10,7 +10,9 @@
 
 namespace kiln::nn {
 
-// The policy behind every dynamic-mode op; define KILN_DYNAMIC_POLICY before including kiln to pick another.
+// The policy behind every dynamic-mode op; define KILN_DYNAMIC_POLICY before including kiln to pick another. For the
+// GPU, ::kiln::policy::cuda with kiln/policy_cuda.cuh included first, in a .cu file: values and gradients then live
+// in device memory (node.hpp), and the choice holds for the whole program (one definition of each op).
 using dynamic_policy = KILN_DYNAMIC_POLICY;
 
 }  // namespace kiln::nn
