@@ -74,6 +74,14 @@ struct cuda : kernels::cuda::elementwise_kernels,
     kernels::cuda::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep,
                         kernels::cuda::gemm_math::fp32);
   }
+  // count products with operands strided in memory, in one launch (the convolution's per-sample products).
+  template <class T>
+  static void gemm_strided_batched(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha,
+                                   const T* a, index_t lda, index_t stride_a, const T* b, index_t ldb, index_t stride_b,
+                                   T beta, T* c, index_t ldc, index_t stride_c, index_t count) {
+    kernels::cuda::gemm_strided_batched(transpose_a, transpose_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                        beta, c, ldc, stride_c, count, kernels::cuda::gemm_math::fp32);
+  }
 
 };
 
@@ -88,6 +96,13 @@ struct cuda_tf32 : cuda {
                    const kernels::cpu::epilogue<T>& ep = {}) {
     kernels::cuda::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep,
                         kernels::cuda::gemm_math::tf32);
+  }
+  template <class T>
+  static void gemm_strided_batched(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha,
+                                   const T* a, index_t lda, index_t stride_a, const T* b, index_t ldb, index_t stride_b,
+                                   T beta, T* c, index_t ldc, index_t stride_c, index_t count) {
+    kernels::cuda::gemm_strided_batched(transpose_a, transpose_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                        beta, c, ldc, stride_c, count, kernels::cuda::gemm_math::tf32);
   }
   // conv2d_forward / conv2d_backward take the policy as a template argument and call its gemm: TF32 here too.
 };

@@ -214,6 +214,30 @@ void gemm_cublas(bool transpose_a, bool transpose_b, index_t m, index_t n, index
     detail::gemm_epilogue(c, ldc, m, n, true, T(1), ep.bias, ep.act, ep.slope);
 }
 
+// C_i = alpha op(A_i) op(B_i) + beta C_i for i < count, A_i = a + i * stride_a (likewise B, C; a stride of 0 shares
+// the operand), row-major as gemm, in one cuBLAS launch: a convolution's per-sample products.
+template <class T>
+void gemm_strided_batched(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,
+                          index_t lda, index_t stride_a, const T* b, index_t ldb, index_t stride_b, T beta, T* c,
+                          index_t ldc, index_t stride_c, index_t count, gemm_math math = gemm_math::fp32) {
+  if (m <= 0 || n <= 0 || count <= 0) return;
+  if (k <= 0) {
+    for (index_t i = 0; i < count; ++i)
+      detail::gemm_epilogue(c + i * stride_c, ldc, m, n, beta != T(0), beta, static_cast<const T*>(nullptr),
+                            activation::identity, T(0));
+    return;
+  }
+  constexpr cudaDataType_t type = detail::cuda_data_type<T>();
+  // Column-major C^T = op(B)^T op(A)^T, as gemm_cublas.
+  KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      kiln::cuda::cublas_handle(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+      detail::checked_int(n, "n"), detail::checked_int(m, "m"), detail::checked_int(k, "k"), &alpha, b, type,
+      detail::checked_int(ldb, "ldb"), static_cast<long long>(stride_b), a, type, detail::checked_int(lda, "lda"),
+      static_cast<long long>(stride_a), &beta, c, type, detail::checked_int(ldc, "ldc"),
+      static_cast<long long>(stride_c), detail::checked_int(count, "batch count"), detail::compute_type<T>(math),
+      CUBLAS_GEMM_DEFAULT));
+}
+
 // C = epi(alpha op(A) op(B) + beta C) through one cuBLASLt matmul with epilogue `epi` (CUBLASLT_EPILOGUE_DEFAULT,
 // _BIAS, _RELU, _RELU_BIAS, _GELU, ...; bias must be set for the _BIAS ones). Returns false, having done nothing, when
 // cuBLASLt has no algorithm for the problem. Requires m, n, k > 0.
