@@ -51,6 +51,22 @@ def parse_args(systems, description):
     return a
 
 
+def torch_on_gpu():
+    """torch, set for FP32 products without TF32 (as kiln's policy::cuda); prints SKIPPED and exits 0 when PyTorch or a
+    usable CUDA device is missing, so that scripts/gpu_check can run the GPU peers anywhere."""
+    try:
+        import torch
+    except ImportError as e:
+        print("SKIPPED: no PyTorch (%s)" % e)
+        sys.exit(0)
+    if not torch.cuda.is_available():
+        print("SKIPPED: PyTorch %s has no usable CUDA device" % torch.__version__)
+        sys.exit(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
 def set_thread_env(n):
     """Must run before numpy/torch/jax/tf are imported for the settings to take."""
     n = str(n)

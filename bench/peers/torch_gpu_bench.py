@@ -39,21 +39,12 @@ p.add_argument("--threads", type=int, default=1)
 args = p.parse_args()
 C.set_thread_env(args.threads)
 
-try:
-    import numpy as np  # noqa: E402
-    import torch  # noqa: E402
-    import torch.nn as nn  # noqa: E402
-    import torch.nn.functional as F  # noqa: E402
-except ImportError as e:
-    print("SKIPPED: no PyTorch (%s)" % e)
-    sys.exit(0)
-if not torch.cuda.is_available():
-    print("SKIPPED: PyTorch %s has no usable CUDA device" % torch.__version__)
-    sys.exit(0)
+torch = C.torch_on_gpu()
+import numpy as np  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 torch.set_num_threads(args.threads)
-torch.backends.cuda.matmul.allow_tf32 = False  # FP32 products, as kiln's policy::cuda
-torch.backends.cudnn.allow_tf32 = False
 VERSION = torch.__version__.split("+")[0]
 DEVICE = torch.device("cuda")
 now = time.perf_counter

@@ -13,27 +13,21 @@ steps (cuDNN's algorithm choice, the caching allocator).
 Prints SKIPPED and exits 0 when torch or CUDA is missing.
 """
 import argparse
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common as C  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--workload", default="all", choices=["all", "mnist_cnn", "lstm"])
 p.add_argument("--steps", type=int, default=50)
 args = p.parse_args()
 
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError as e:
-    print("SKIPPED: no PyTorch (%s)" % e)
-    sys.exit(0)
-if not torch.cuda.is_available():
-    print("SKIPPED: PyTorch %s has no usable CUDA device" % torch.__version__)
-    sys.exit(0)
-
-torch.backends.cuda.matmul.allow_tf32 = False  # FP32 products, as kiln's policy::cuda
-torch.backends.cudnn.allow_tf32 = False
+torch = C.torch_on_gpu()
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 DEVICE = torch.device("cuda")
 BATCH, BATCHES, REPS = 64, 8, 5
 

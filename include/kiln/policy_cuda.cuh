@@ -31,6 +31,26 @@
 
 namespace kiln::policy {
 
+// The matrix products of the CUDA policies in one arithmetic (fp32 or tf32 for float; double is always FP64).
+template <kernels::cuda::gemm_math Math>
+struct cuda_gemm {
+  // C = act(alpha op(A) op(B) + beta C + bias), row-major, as kernels::cpu::gemm.
+  template <class T>
+  static void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,
+                   index_t lda, const T* b, index_t ldb, T beta, T* c, index_t ldc,
+                   const kernels::cpu::epilogue<T>& ep = {}) {
+    kernels::cuda::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, Math);
+  }
+  // count products with operands strided in memory, in one launch (the convolution's per-sample products).
+  template <class T>
+  static void gemm_strided_batched(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha,
+                                   const T* a, index_t lda, index_t stride_a, const T* b, index_t ldb, index_t stride_b,
+                                   T beta, T* c, index_t ldc, index_t stride_c, index_t count) {
+    kernels::cuda::gemm_strided_batched(transpose_a, transpose_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                        beta, c, ldc, stride_c, count, Math);
+  }
+};
+
 // kiln's CUDA kernels, with cuBLAS for plain matrix products and cuBLASLt where a fused epilogue (bias, ReLU) is asked.
 struct cuda : kernels::cuda::elementwise_kernels,
               kernels::cuda::reduce_kernels,
@@ -41,7 +61,8 @@ struct cuda : kernels::cuda::elementwise_kernels,
               kernels::cuda::dropout_kernels,
               // CNN and recurrent kernels (conv2d_forward / conv2d_backward: im2col + Policy::gemm)
               kernels::cuda::cnn_kernels,
-              kernels::cuda::recurrent_kernels {
+              kernels::cuda::recurrent_kernels,
+              cuda_gemm<kernels::cuda::gemm_math::fp32> {  // FP32 products for float, no TF32
   static constexpr const char* name = "cuda";
 
   // ---- memory contract (see policy::cpu) ----------------------------------------------------------------------------
@@ -64,47 +85,16 @@ struct cuda : kernels::cuda::elementwise_kernels,
   // Untyped device memory from the caching allocator: dynamic mode's values and gradients (KILN_DYNAMIC_POLICY).
   static kiln::cuda::device_block allocate_bytes(std::size_t bytes) { return kiln::cuda::allocate_device(bytes); }
   static void free_bytes(void* data, std::size_t bytes) noexcept { kiln::cuda::free_device({data, bytes}); }
-
-  // ---- matrix products ----------------------------------------------------------------------------------------------
-  // C = act(alpha op(A) op(B) + beta C + bias), row-major, as kernels::cpu::gemm. FP32 math for float (no TF32).
-  template <class T>
-  static void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,
-                   index_t lda, const T* b, index_t ldb, T beta, T* c, index_t ldc,
-                   const kernels::cpu::epilogue<T>& ep = {}) {
-    kernels::cuda::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep,
-                        kernels::cuda::gemm_math::fp32);
-  }
-  // count products with operands strided in memory, in one launch (the convolution's per-sample products).
-  template <class T>
-  static void gemm_strided_batched(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha,
-                                   const T* a, index_t lda, index_t stride_a, const T* b, index_t ldb, index_t stride_b,
-                                   T beta, T* c, index_t ldc, index_t stride_c, index_t count) {
-    kernels::cuda::gemm_strided_batched(transpose_a, transpose_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
-                                        beta, c, ldc, stride_c, count, kernels::cuda::gemm_math::fp32);
-  }
-
 };
 
 // policy::cuda with float GEMMs on the tensor cores in TF32 (10-bit mantissa inputs, FP32 accumulation), as PyTorch's
 // allow_tf32: several times faster on large products, with errors around 1e-3 relative instead of 1e-6.
-struct cuda_tf32 : cuda {
+struct cuda_tf32 : cuda, cuda_gemm<kernels::cuda::gemm_math::tf32> {
   static constexpr const char* name = "cuda_tf32";
-
-  template <class T>
-  static void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,
-                   index_t lda, const T* b, index_t ldb, T beta, T* c, index_t ldc,
-                   const kernels::cpu::epilogue<T>& ep = {}) {
-    kernels::cuda::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep,
-                        kernels::cuda::gemm_math::tf32);
-  }
-  template <class T>
-  static void gemm_strided_batched(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha,
-                                   const T* a, index_t lda, index_t stride_a, const T* b, index_t ldb, index_t stride_b,
-                                   T beta, T* c, index_t ldc, index_t stride_c, index_t count) {
-    kernels::cuda::gemm_strided_batched(transpose_a, transpose_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
-                                        beta, c, ldc, stride_c, count, kernels::cuda::gemm_math::tf32);
-  }
+  // These names exist in both bases; the using-declarations make the TF32 ones hide policy::cuda's.
   // conv2d_forward / conv2d_backward take the policy as a template argument and call its gemm: TF32 here too.
+  using cuda_gemm<kernels::cuda::gemm_math::tf32>::gemm;
+  using cuda_gemm<kernels::cuda::gemm_math::tf32>::gemm_strided_batched;
 };
 
 // policy::cuda with cuDNN where cuDNN has the op: convolution, pooling, batch norm, softmax. Where kiln has its own

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_test_helpers.cuh"
+#include "cuda_training_helpers.cuh"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
 
@@ -29,7 +30,7 @@ static_assert(std::is_same_v<nn::dynamic_policy, policy::cuda>, "this test build
 
 namespace {
 
-constexpr index_t batch = 32;
+constexpr index_t batch = training_batch;
 
 template <class P>
 struct mlp_model {
@@ -59,32 +60,6 @@ struct lstm_model {
   }
   static shape sample() { return shape{6, 5}; }
 };
-
-struct batch_data {
-  Tensor<float> x;
-  Tensor<std::int64_t> y;
-};
-batch_data make_data(shape sample_shape, index_t samples, std::uint64_t seed) {
-  shape full{samples};
-  for (index_t e : sample_shape) full.push_back(e);
-  auto values = random_values<float>(full.numel(), seed);
-  batch_data d{Tensor<float>(full, std::span<const float>(values)), Tensor<std::int64_t>(shape{samples})};
-  for (index_t i = 0; i < samples; ++i) d.y[i] = (i * 7 + 3) % 10;
-  return d;
-}
-
-// Losses of `steps` Adam steps of a static model over the data's batches in order.
-template <class Net>
-std::vector<float> static_losses(Net& net, const batch_data& d, int steps) {
-  optim::basic_adam<float, typename Net::policy> adam({.lr = 1e-3});
-  const index_t batches = d.x.extent(0) / batch;
-  std::vector<float> losses;
-  for (int s = 0; s < steps; ++s) {
-    const index_t first = (s % batches) * batch;
-    losses.push_back(net.train_step(d.x.rows(first, batch), d.y.rows(first, batch), loss::cross_entropy{}, adam));
-  }
-  return losses;
-}
 
 // The same with a dynamic model on the GPU: the PyTorch-style loop, the batch uploaded into a Variable each step.
 std::vector<float> dynamic_losses(nn::Sequential& model, const batch_data& d, int steps) {
@@ -123,8 +98,8 @@ void check_dynamic_on_gpu(double cpu_tolerance, const char* what) {
   check_identical(flat(model.state_dict()), flat(cpu_net.state_dict()), std::string(what) + " initial state_dict");
 
   const auto dynamic = dynamic_losses(model, d, 20);
-  const auto on_gpu = static_losses(gpu_net, d, 20);
-  const auto on_cpu = static_losses(cpu_net, d, 20);
+  const auto on_gpu = train_losses(gpu_net, d, 20);
+  const auto on_cpu = train_losses(cpu_net, d, 20);
   for (float l : dynamic) REQUIRE(std::isfinite(l));
   check_close(dynamic, on_gpu, 1e-5, 1e-7, std::string(what) + ": dynamic vs static, both on the GPU, 20 Adam steps");
   check_close(dynamic, on_cpu, cpu_tolerance, 1e-6, std::string(what) + ": dynamic on the GPU vs static on the CPU");

@@ -551,6 +551,13 @@ TEST_CASE("the cuBLASLt path agrees with the cuBLAS path, and its plans are cach
   CHECK(kernels::cuda::detail::lt_plan_cache::instance().size() == plans);
 }
 
+// policy::cuda_tf32's products are the TF32 ones (its using-declarations hide policy::cuda's FP32 products); checked
+// here because FP32 results would pass the tolerance below too.
+static_assert(&policy::cuda_tf32::gemm<float> == &policy::cuda_gemm<kernels::cuda::gemm_math::tf32>::gemm<float>);
+static_assert(&policy::cuda_tf32::gemm_strided_batched<float> ==
+              &policy::cuda_gemm<kernels::cuda::gemm_math::tf32>::gemm_strided_batched<float>);
+static_assert(&policy::cuda::gemm<float> == &policy::cuda_gemm<kernels::cuda::gemm_math::fp32>::gemm<float>);
+
 TEST_CASE("TF32 GEMMs (policy::cuda_tf32) agree within TF32's precision") {
   const double tf32_eps = std::ldexp(1.0, -10);  // inputs rounded to 10 explicit mantissa bits
   std::uint64_t seed = 700;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_test_helpers.cuh"
+#include "cuda_training_helpers.cuh"
 #include "kiln/io/checkpoint.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln/policy_cuda.cuh"
@@ -48,34 +49,7 @@ struct lstm_model {
   using type = Sequential<P, Input<6, 5>, FinalState<LSTM<8>>, Dense<10>>;
 };
 
-// Random inputs in [-1, 1) and labels 0..9 for `samples` samples of sample_shape.
-struct batch_data {
-  Tensor<float> x;
-  Tensor<std::int64_t> y;
-};
-batch_data make_data(shape sample_shape, index_t samples, std::uint64_t seed) {
-  shape full{samples};
-  for (index_t e : sample_shape) full.push_back(e);
-  auto values = random_values<float>(full.numel(), seed);
-  batch_data d{Tensor<float>(full, std::span<const float>(values)), Tensor<std::int64_t>(shape{samples})};
-  for (index_t i = 0; i < samples; ++i) d.y[i] = (i * 7 + 3) % 10;
-  return d;
-}
-
-constexpr index_t batch = 32;
-
-// Losses of `steps` Adam steps over the data's batches in order (host data, staged by the model).
-template <class Net>
-std::vector<float> train_losses(Net& net, const batch_data& d, int steps) {
-  optim::basic_adam<float, typename Net::policy> adam({.lr = 1e-3});
-  const index_t batches = d.x.extent(0) / batch;
-  std::vector<float> losses;
-  for (int s = 0; s < steps; ++s) {
-    const index_t first = (s % batches) * batch;
-    losses.push_back(net.train_step(d.x.rows(first, batch), d.y.rows(first, batch), loss::cross_entropy{}, adam));
-  }
-  return losses;
-}
+constexpr index_t batch = training_batch;
 
 template <class Net>
 std::vector<float> flat_state(const Net& net) {
