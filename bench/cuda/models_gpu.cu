@@ -112,7 +112,8 @@ system_under_test static_system(const std::string& name, const resident_batches&
 
 system_under_test dynamic_system(const std::string& name, nn::Sequential model, const resident_batches& data) {
   auto net = std::make_shared<nn::Sequential>(std::move(model));
-  auto adam = std::make_shared<optim::basic_adam<float, policy::cuda>>(net->parameters(), optim::adam_options{.lr = 1e-3});
+  auto adam =
+      std::make_shared<optim::basic_adam<float, policy::cuda>>(net->parameters(), optim::adam_options{.lr = 1e-3});
   return {name, [net, adam, &data](index_t b) {
             adam->zero_grad();
             nn::Variable loss =
@@ -132,7 +133,8 @@ bool run_workload(const std::string& workload, std::vector<system_under_test> sy
   for (std::size_t i = 1; i < systems.size(); ++i) {
     double worst = 0;
     for (std::size_t k = 0; k < losses[i].size(); ++k)
-      worst = std::max(worst, std::abs(double(losses[i][k]) - losses[0][k]) / std::max(1e-6, std::abs(double(losses[0][k]))));
+      worst = std::max(worst, std::abs(double(losses[i][k]) - losses[0][k]) /
+                                  std::max(1e-6, std::abs(double(losses[0][k]))));
     const bool pass = std::isfinite(worst) && worst <= 1e-3;
     std::printf("check %s %-16s first 10 losses vs %s: %.2e (limit 1e-3) %s\n", workload.c_str(),
                 systems[i].name.c_str(), systems[0].name.c_str(), worst, pass ? "ok" : "FAILED");

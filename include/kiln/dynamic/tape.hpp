@@ -32,6 +32,15 @@ struct tape_entry {
   int aux = 0;                      // a saved integer (a dimension)
 };
 
+// Seeds backward() at a one-element root: a leaf's gradient accumulates the 1, an op's output is set to it, and a
+// root without a gradient gets one.
+template <class T>
+void seed_gradient(variable_node<T>* root) {
+  if (!root->grad) write_value(allocate_grad(root, false), T(1));
+  else if (root->is_leaf) write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
+  else write_value(root->grad, T(1));
+}
+
 template <class T>
 class tape {
  public:
@@ -82,12 +91,7 @@ class tape {
         self->clear();
       }
     } guard{this};
-    if (root->grad) {
-      if (root->is_leaf) write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
-      else write_value(root->grad, T(1));
-    } else {
-      write_value(allocate_grad(root, false), T(1));
-    }
+    seed_gradient(root);
     seeded_root_ = root->is_leaf ? nullptr : root;
     for (int i = root->creator; i >= 0; --i) {
       const auto& e = entries_[static_cast<std::size_t>(i)];
@@ -111,9 +115,11 @@ class tape {
   }
 
   std::size_t size() const { return entries_.size(); }
-  // Whether n is the root of the backward() under way, whose gradient is the seed 1: a loss's backward then knows its
-  // upstream gradient without reading it (on a GPU, a copy to the host and a wait).
-  bool seeded_with_one(const variable_node<T>* n) const { return n == seeded_root_; }
+  // The gradient of a one-element value n (a loss, a sum) as its backward reads it: when n is the root of the
+  // backward() under way, the seed 1 without reading it (on a GPU, a copy to the host and a wait).
+  T scalar_gradient(const variable_node<T>* n) const {
+    return n == seeded_root_ ? T(1) : read_value(static_cast<const T*>(n->grad));
+  }
 
  private:
   std::vector<tape_entry<T>> entries_;

@@ -123,8 +123,7 @@ class basic_variable {
     if (node_->creator < 0) {
       if (node_->graph_freed)
         fail("Variable::backward: the graph that produced this value was already freed by an earlier backward()");
-      if (node_->grad) detail::write_value(node_->grad, detail::read_value(static_cast<const T*>(node_->grad)) + T(1));
-      else detail::write_value(detail::allocate_grad(node_, false), T(1));
+      detail::seed_gradient(node_);  // a leaf: no op made it (a graph that was freed failed above)
       return;
     }
     detail::tape<T>::instance().backward(node_);

@@ -61,9 +61,9 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T tanh_value(T x) {
   return std::tanh(x);
 }
 
-// 2 Phi(x), twice the standard normal CDF that GELU multiplies x by, as erfc(-x / sqrt 2) rather than 1 + erf(x / sqrt 2):
-// for negative x, erf is near -1 and the sum cancels (at x = -3.4 its few digits left made CPU and GPU disagree in
-// the fourth), while erfc of a positive argument is accurate to its last bits.
+// 2 Phi(x), twice the standard normal CDF that GELU multiplies x by, as erfc(-x / sqrt 2) rather than
+// 1 + erf(x / sqrt 2): for negative x, erf is near -1 and the sum cancels (at x = -3.4 its few digits left made CPU
+// and GPU disagree in the fourth), while erfc of a positive argument is accurate to its last bits.
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE T gelu_cdf_times_two(T x) {
   return std::erfc(-x * T(std::numbers::sqrt2 / 2));

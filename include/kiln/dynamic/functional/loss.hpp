@@ -26,8 +26,7 @@ struct loss_policy {
 template <class T>
 void saved_gradient_backward(const tape_entry<T>& e) {
   using P = dynamic_policy;
-  const T upstream =
-      tape<T>::instance().seeded_with_one(e.out) ? T(1) : read_value(static_cast<const T*>(e.out->grad));
+  const T upstream = tape<T>::instance().scalar_gradient(e.out);
   const T* saved = e.in[2]->value;
   index_t n = e.in[2]->shape.numel();
   auto dx = grad_target_for(e.in[0]);

@@ -12,8 +12,7 @@ void spread_backward(const tape_entry<T>& e) {  // scalar: the factor (1 for sum
   using P = dynamic_policy;
   auto t = grad_target_for(e.in[0]);
   index_t n = e.in[0]->shape.numel();
-  const T upstream = tape<T>::instance().seeded_with_one(e.out) ? T(1) : read_value(static_cast<const T*>(e.out->grad));
-  const T g = upstream * e.scalar;
+  const T g = tape<T>::instance().scalar_gradient(e.out) * e.scalar;
   write_or_add<P>(t, n, [&](T* dst) { P::fill(dst, g, n); });
 }
 

@@ -18,7 +18,8 @@ struct reduce_kernels {
   // Columns go in strips of up to 4 vectors. A strip of v vectors sums its rows in sum_rows_chains(v) interleaved
   // chains (chain i takes rows i, i + chains, ... in order), added pairwise ((c0 + c1) + (c2 + c3)), then added to the
   // old value when accumulating: the order depends on the shape alone.
-  static constexpr int sum_rows_chains(int vecs) { return vecs == 1 ? 4 : vecs == 2 ? 2 : 1; }
+  // (Also called by the CUDA column sums, which follow this order.)
+  KILN_HOST_DEVICE static constexpr int sum_rows_chains(int vecs) { return vecs == 1 ? 4 : vecs == 2 ? 2 : 1; }
   template <class T>
   static void sum_rows(const T* x, T* column_sums, index_t rows, index_t cols, bool accumulate) {
     constexpr int W = gemm_detail::simd<T>::width;

@@ -80,13 +80,6 @@ __global__ void sum_channels_kernel(const T* __restrict__ dy, T* sums, index_t b
 
 }  // namespace detail
 
-// Whether Policy has gemm_strided_batched (policy::cuda and policy::cuda_tf32 do).
-template <class Policy, class T>
-concept has_batched_gemm = requires(const T* a, T* c) {
-  Policy::gemm_strided_batched(false, false, index_t{}, index_t{}, index_t{}, T{}, a, index_t{}, index_t{}, a,
-                               index_t{}, index_t{}, T{}, c, index_t{}, index_t{}, index_t{});
-};
-
 // The convolution kernels of the CUDA policies (device pointers; same signatures as kernels::cpu::conv_kernels).
 struct conv_kernels {
   // One sample's column matrix (the CPU's layout).
@@ -112,9 +105,9 @@ struct conv_kernels {
   }
 
   // The CPU's convolution (kernels::cpu::conv_kernels::conv2d_forward: same arguments), with im2col of the whole
-  // batch into col in one launch, kept there for the backward, and Policy's GEMM (cuBLAS) per sample and group: one
-  // strided batched launch per group over all samples when the policy has one (a launch per sample made the MNIST
-  // CNN's step 6x slower than cuDNN's on an H100).
+  // batch into col in one launch, kept there for the backward, and one strided batched GEMM per group over all
+  // samples (Policy::gemm_strided_batched: cuBLAS; a launch per sample made the MNIST CNN's step 6x slower than
+  // cuDNN's on an H100).
   template <class Policy, class T>
   static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
                              const conv_geometry& g) {
@@ -122,18 +115,10 @@ struct conv_kernels {
     if (!g.pointwise()) detail::launch_elementwise(batch * g.col_size(), detail::im2col_kernel<T>, x, col, g, batch);
     const T* columns = g.pointwise() ? x : col;
     const index_t column_stride = g.pointwise() ? g.in_size() : g.col_size();
-    if constexpr (has_batched_gemm<Policy, T>) {
-      for (index_t grp = 0; grp < g.groups; ++grp)
-        Policy::gemm_strided_batched(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
-                                     index_t(0), columns + grp * k * plane, plane, column_stride, T(0),
-                                     y + grp * out_per_group * plane, plane, g.out_size(), batch);
-    } else {
-      for (index_t n = 0; n < batch; ++n)
-        for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
-                       columns + n * column_stride + grp * k * plane, plane, T(0),
-                       y + n * g.out_size() + grp * out_per_group * plane, plane);
-    }
+    for (index_t grp = 0; grp < g.groups; ++grp)
+      Policy::gemm_strided_batched(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
+                                   index_t(0), columns + grp * k * plane, plane, column_stride, T(0),
+                                   y + grp * out_per_group * plane, plane, g.out_size(), batch);
     if (bias) add_channel_bias(y, bias, batch, g.out_channels, plane);
   }
   // The CPU's convolution backward (dweight, dbias (+)= with accumulate; dx overwritten, skipped when null; col
@@ -142,57 +127,41 @@ struct conv_kernels {
   static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
                               index_t batch, const conv_geometry& g, bool accumulate) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
+    const T* columns = g.pointwise() ? x : col;
+    const index_t column_stride = g.pointwise() ? g.in_size() : g.col_size();
     if (dbias) sum_channels(dy, dbias, batch, g.out_channels, plane, accumulate);
-    // The weight gradient sums over the samples. With a batched GEMM and the per-sample gradients fitting in 64 MiB:
-    // every sample's product in one launch, then their sum as one more product (a row of ones times them). Else one
-    // product per sample, each adding to the last.
+    // The weight gradient sums over the samples. When the per-sample gradients fit in 64 MiB: every sample's product
+    // in one launch, then their sum as one more product (a row of ones times them). Else one product per sample, each
+    // adding to the last.
     const index_t weight_size = g.out_channels * k;
-    bool dweight_done = false;
-    if constexpr (has_batched_gemm<Policy, T>) {
-      const std::size_t per_sample_bytes = static_cast<std::size_t>(batch * weight_size) * sizeof(T);
-      if (dweight && per_sample_bytes <= (std::size_t{64} << 20)) {
-        // From the caching allocator, back to it at the end of this block; a later request reuses them in stream
-        // order, after these products.
-        kiln::cuda::device_buffer<T> per_sample(batch * weight_size), ones(batch);
-        T* const sample_grads = per_sample.data();
-        T* const ones_row = ones.data();
-        Policy::fill(ones_row, T(1), batch);
-        const T* columns = g.pointwise() ? x : col;
-        const index_t column_stride = g.pointwise() ? g.in_size() : g.col_size();
-        for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm_strided_batched(false, true, out_per_group, k, plane, T(1), dy + grp * out_per_group * plane,
-                                       plane, g.out_size(), columns + grp * k * plane, plane, column_stride, T(0),
-                                       sample_grads + grp * out_per_group * k, k, weight_size, batch);
-        Policy::gemm(false, false, 1, weight_size, batch, T(1), ones_row, batch, sample_grads, weight_size,
-                     accumulate ? T(1) : T(0), dweight, weight_size);
-        dweight_done = true;
-      }
-    }
-    for (index_t n = 0; dweight && !dweight_done && n < batch; ++n) {
-      const T* columns = g.pointwise() ? x + n * g.in_size() : col + n * g.col_size();
-      const T* dyn = dy + n * g.out_size();
-      const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
+    if (dweight && static_cast<std::size_t>(batch * weight_size) * sizeof(T) <= (std::size_t{64} << 20)) {
+      // From the caching allocator, back to it at the end of this block; a later request reuses them in stream order,
+      // after these products.
+      kiln::cuda::device_buffer<T> per_sample(batch * weight_size), ones(batch);
+      Policy::fill(ones.data(), T(1), batch);
       for (index_t grp = 0; grp < g.groups; ++grp)
-        Policy::gemm(false, true, out_per_group, k, plane, T(1), dyn + grp * out_per_group * plane, plane,
-                     columns + grp * k * plane, plane, beta, dweight + grp * out_per_group * k, k);
-    }
-    if (dx) {
-      // The column gradients replace the column matrices, which the weight gradient above has used (the products
-      // run in stream order).
-      T* dcol = g.pointwise() ? dx : col;
-      const index_t column_stride = g.pointwise() ? g.in_size() : g.col_size();
-      if constexpr (has_batched_gemm<Policy, T>) {
+        Policy::gemm_strided_batched(false, true, out_per_group, k, plane, T(1), dy + grp * out_per_group * plane,
+                                     plane, g.out_size(), columns + grp * k * plane, plane, column_stride, T(0),
+                                     per_sample.data() + grp * out_per_group * k, k, weight_size, batch);
+      Policy::gemm(false, false, 1, weight_size, batch, T(1), ones.data(), batch, per_sample.data(), weight_size,
+                   accumulate ? T(1) : T(0), dweight, weight_size);
+    } else if (dweight) {
+      for (index_t n = 0; n < batch; ++n) {
+        const T beta = (n == 0 && !accumulate) ? T(0) : T(1);
         for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm_strided_batched(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
-                                       index_t(0), dy + grp * out_per_group * plane, plane, g.out_size(), T(0),
-                                       dcol + grp * k * plane, plane, column_stride, batch);
-      } else {
-        for (index_t n = 0; n < batch; ++n)
-          for (index_t grp = 0; grp < g.groups; ++grp)
-            Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
-                         dy + n * g.out_size() + grp * out_per_group * plane, plane, T(0),
-                         dcol + n * column_stride + grp * k * plane, plane);
+          Policy::gemm(false, true, out_per_group, k, plane, T(1), dy + n * g.out_size() + grp * out_per_group * plane,
+                       plane, columns + n * column_stride + grp * k * plane, plane, beta,
+                       dweight + grp * out_per_group * k, k);
       }
+    }
+    // The column gradients replace the column matrices, which the weight gradient above has used (the products run
+    // in stream order).
+    if (dx) {
+      T* dcol = g.pointwise() ? dx : col;
+      for (index_t grp = 0; grp < g.groups; ++grp)
+        Policy::gemm_strided_batched(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
+                                     index_t(0), dy + grp * out_per_group * plane, plane, g.out_size(), T(0),
+                                     dcol + grp * k * plane, plane, column_stride, batch);
     }
     if (dx && !g.pointwise())
       detail::launch_elementwise(batch * g.in_size(), detail::col2im_kernel<T>, col, dx, g, batch);

@@ -17,7 +17,7 @@
 #include "kiln/core/cuda/check.cuh"
 #include "kiln/core/cuda/pinned_buffer.cuh"
 #include "kiln/core/cuda/stream.cuh"
-#include "kiln/kernels/cpu/gemm_microkernel.hpp"
+#include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/cuda/launch.cuh"
 
 namespace kiln::kernels::cuda {
@@ -151,8 +151,7 @@ __global__ void sum_rows_sequential_kernel(const T* x, T* sums, index_t rows, in
   for (index_t c = global_thread(); c < cols; c += global_threads()) {
     const index_t strip_start = c / (4 * cpu_width) * (4 * cpu_width);
     const index_t strip = cols - strip_start < 4 * cpu_width ? cols - strip_start : 4 * cpu_width;
-    const index_t vectors = (strip + cpu_width - 1) / cpu_width;
-    const int chains = vectors == 1 ? 4 : vectors == 2 ? 2 : 1;
+    const int chains = cpu::reduce_kernels::sum_rows_chains(int((strip + cpu_width - 1) / cpu_width));
     T chain[4] = {T(0), T(0), T(0), T(0)};
     for (index_t r = 0; r < rows; ++r) {
       const T v = x[r * cols + c];
