@@ -90,6 +90,20 @@ struct elementwise_kernels {
   static void copy(const T* x, T* y, index_t n) {
     if (n > 0 && x != y) std::memcpy(y, x, static_cast<std::size_t>(n) * sizeof(T));
   }
+  // The 2-D forms of copy, fill and accumulate: `rows` rows of `cols` elements, each matrix with its own row stride.
+  // They assemble a GEMM operand from column blocks of other matrices and spread a product's column blocks back.
+  template <class T>
+  static void copy_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
+    for (index_t r = 0; r < rows; ++r) copy(x + r * ld_x, y + r * ld_y, cols);
+  }
+  template <class T>
+  static void fill_rows(index_t rows, index_t cols, T value, T* y, index_t ld_y) {
+    for (index_t r = 0; r < rows; ++r) std::fill_n(y + r * ld_y, cols, value);
+  }
+  template <class T>
+  static void accumulate_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
+    for (index_t r = 0; r < rows; ++r) accumulate(x + r * ld_x, y + r * ld_y, cols);
+  }
   // Large fills are split over the threads like every element-wise loop (parallel_chunks), so each thread writes the
   // same part of a buffer that the threaded kernels around it read and write. Zeroing dynamic mode's gradients on
   // the calling thread alone (an MNIST MLP's 100K weight gradients before each step) moved the lines of the other
