@@ -1,7 +1,9 @@
 // LSTM and GRU: gradients through time against central finite differences in double precision (the layer functions,
 // static mode and dynamic mode; 1 and 2 layers, one and two directions, with and without initial states, batch first
-// or not), parameter names and layout, adaptors, dropout, static and dynamic mode giving identical losses, and the
-// same bits whether the batch is split over threads and W_hh packed once or not.
+// or not; the LSTM's parameter gradients both from its one stacked product and from separate products, as policies
+// without the 2-D kernels form them), parameter gradients added to the buffer's values, parameter names and layout,
+// adaptors, dropout, static and dynamic mode giving identical losses, and the same bits whether the batch is split
+// over threads and W_hh packed once or not.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -27,12 +29,19 @@ double max_relative_error(double numeric, double analytic) {
   return std::abs(numeric - analytic) / std::max(1.0, std::abs(numeric));
 }
 
+// policy::cpu without the 2-D kernels that assemble the LSTM's stacked gradient operand: the LSTM backward then forms
+// its parameter gradients by separate products and column sums, as on the CUDA policies (and for the GRU).
+struct cpu_separate_products : policy::cpu {
+  static void accumulate_rows() = delete;
+};
+
 // The loss sum(output * r_out) + sum(h_n * r_h) + sum(c_n * r_c) through rnn_forward; its gradient through
 // rnn_backward; every input, state and parameter checked by central differences.
-template <class Cell>
+template <class Cell, class P = policy::cpu>
 void check_layer_gradients(const rnn_dims& d, index_t seq, index_t batch, bool with_state) {
-  using P = policy::cpu;
+  const std::string policy_name = P::name;
   CAPTURE(Cell::name);
+  CAPTURE(policy_name);
   CAPTURE(d.num_layers);
   CAPTURE(d.bidirectional);
   CAPTURE(d.batch_first);
@@ -123,11 +132,42 @@ TEST_CASE("LSTM and GRU layer functions: gradients through time match finite dif
         for (bool with_state : {false, true}) {
           rnn_dims d{3, 4, layers, true, bidirectional, batch_first, 0.0f};
           check_layer_gradients<lstm_cell>(d, 4, 2, with_state);
+          check_layer_gradients<lstm_cell, cpu_separate_products>(d, 4, 2, with_state);
           check_layer_gradients<gru_cell>(d, 4, 2, with_state);
         }
   // Without biases, and a one-step sequence.
   check_layer_gradients<lstm_cell>(rnn_dims{2, 3, 2, false, true, false, 0.0f}, 1, 3, true);
+  check_layer_gradients<lstm_cell, cpu_separate_products>(rnn_dims{2, 3, 2, false, true, false, 0.0f}, 1, 3, true);
   check_layer_gradients<gru_cell>(rnn_dims{2, 3, 2, false, true, true, 0.0f}, 1, 3, true);
+}
+
+TEST_CASE("the LSTM's parameter gradients are added to what the gradient buffer holds") {
+  // rnn_backward adds (dynamic mode accumulates .grad over backward passes): from a buffer holding v, the stacked
+  // product's gradient g must come out as exactly v + g, for every parameter, in both directions and both layers.
+  const rnn_dims d{.input_size = 5, .hidden_size = 6, .num_layers = 2, .bidirectional = true};
+  const index_t seq = 3, batch = 4;
+  const rnn_plan<lstm_cell> plan(d, seq, batch);
+  random_generator rng(11);
+  auto params = random_values(rnn_param_count<lstm_cell>(d), rng, 0.5f);
+  auto x = random_values(seq * batch * d.input_size, rng, 1.0f);
+  auto dout = random_values(seq * batch * d.output_size(), rng, 1.0f);
+  auto held = random_values(rnn_param_count<lstm_cell>(d), rng, 1.0f);
+  std::vector<float> saved(static_cast<std::size_t>(plan.saved_size)), temp(static_cast<std::size_t>(plan.temp_size));
+  const float* no_input = nullptr;
+  float* no_output = nullptr;
+  auto gradients = [&](std::vector<float> dparams) {
+    rnn_forward<lstm_cell, policy::cpu>(d, seq, batch, params.data(), x.data(), no_input, no_input, no_output,
+                                        no_output, no_output, saved.data(), temp.data(), true, nullptr);
+    rnn_backward<lstm_cell, policy::cpu>(d, seq, batch, params.data(), x.data(), no_input, no_input, dout.data(),
+                                         no_input, no_input, no_output, no_output, no_output, dparams.data(),
+                                         saved.data(), temp.data(), true);
+    return dparams;
+  };
+  const auto fresh = gradients(std::vector<float>(held.size(), 0.0f));
+  const auto added = gradients(held);
+  int mismatches = 0;
+  for (std::size_t i = 0; i < held.size(); ++i) mismatches += added[i] != held[i] + fresh[i];
+  CHECK(mismatches == 0);
 }
 
 TEST_CASE("static LSTM and GRU: gradients of every output adaptor match finite differences") {
