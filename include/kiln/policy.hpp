@@ -74,7 +74,9 @@ struct cpu : kernels::cpu::elementwise_kernels,
   // a parallel region; the kernels inside then run single-threaded.
   template <class Body>
   static void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
-    slices_worth_a_thread(batch, work_per_row, 8, body);
+    // At least 16 rows a slice while the AMX path is on: it takes a product by its shape above 16 rows only (see
+    // amx_worthwhile), so every slice then runs the path the whole batch would, with the same bits.
+    slices_worth_a_thread(batch, work_per_row, kernels::cpu::amx_gemm_active() ? 16 : 8, body);
   }
   // Runs body(begin, end) over slices of `count` independent jobs of work_per_job multiply-adds each (a convolution's
   // per-group weight gradients), one slice per thread when that is worth a parallel region.

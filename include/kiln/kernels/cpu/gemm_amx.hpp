@@ -1,0 +1,606 @@
+// Single-precision GEMM on Intel AMX tiles (Sapphire Rapids and later) at single precision's accuracy.
+//
+// AMX multiplies bfloat16 tiles into float accumulators at 16x the rate of AVX-512's float FMAs (1024 against 64
+// flop per cycle and core). bfloat16 keeps 8 of a float's 24 significant bits, so each operand is split exactly into
+// three bfloat16 pieces, x = hi + mid + lo (hi: x truncated to 8 bits; mid: the next 8 bits of the remainder; lo: the
+// last 8, exactly), and the product is the sum of the six piece products whose size can reach the float product's
+// rounding: hi*hi, hi*mid, mid*hi, hi*lo, lo*hi and mid*mid. The three dropped ones (mid*lo, lo*mid, lo*lo) are below
+// 2^-23 of |a*b| together. Every piece product is exact in float, and the tile unit adds it to a float accumulator,
+// rounding each addition as an FMA chain does: the error of a sum over k is that of a float dot product, which the
+// tests check against the AVX-512 kernels and a double reference. Six products at 16x the rate: about 2.7x the
+// float throughput where the data are in cache.
+//
+// The layout follows the AMX tile shapes: an A tile is 16 rows x 32 bfloat16 values along k (one row per 64-byte
+// line); a B tile is 16 pairs of k x 16 columns, each 32-bit word holding B(2r, j) in its low half and B(2r + 1, j)
+// in its high half (the "VNNI" layout); a C tile is 16 x 16 floats. For every 32-deep chunk of k an operand tile is
+// packed as three tiles, one per piece. The blocking is the blocked GEMM's (gemm.hpp): a k block of B's column tiles
+// packed into L2, a group of three row tiles of A packed into L1 and swept across it, C accumulated in three tile
+// registers per column tile and stored through the same epilogue as the AVX-512 micro-kernel (store_tile).
+//
+// Limits: products involving an infinite value give NaN where the float product gives an infinity (the infinity's
+// remainder pieces are NaN); float subnormals are read and written as zero (AMX flushes them), as kiln's training
+// loops run with denormals flushed anyway. set_amx_gemm(false) or KILN_AMX=0 in the environment turn the path off.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+#include "kiln/core/config.hpp"
+#include "kiln/core/memory.hpp"
+#include "kiln/core/threads.hpp"
+#include "kiln/kernels/cpu/gemm_microkernel.hpp"
+
+// (Not in code that nvcc compiles: its front end does not know the tile intrinsics, and the CPU GEMMs of a CUDA
+// program's host code are not the ones that matter.)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BW__) && defined(__linux__) && \
+    defined(__x86_64__) && !defined(__CUDACC__)
+#define KILN_HAS_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define KILN_HAS_AMX 0
+#endif
+
+namespace kiln::kernels::cpu {
+
+namespace amx_detail {
+
+// Whether the user allows the AMX path: set_amx_gemm, initialised from KILN_AMX ("0" turns it off).
+inline std::atomic<bool>& amx_allowed() {
+  static std::atomic<bool> allowed{[] {
+    const char* env = std::getenv("KILN_AMX");
+    return !(env && env[0] == '0' && env[1] == '\0');
+  }()};
+  return allowed;
+}
+
+#if KILN_HAS_AMX
+// Linux hands out the tile registers' state only to a process that asks for it (arch_prctl); the answer also says
+// whether the CPU and the kernel support AMX at all. Asked once per process.
+inline bool amx_supported() {
+  static const bool supported = [] {
+    unsigned eax = 7, ebx = 0, ecx = 0, edx = 0;
+    __asm__("cpuid" : "+a"(eax), "=b"(ebx), "+c"(ecx), "=d"(edx));
+    const bool tile = (edx >> 24) & 1u, bf16 = (edx >> 22) & 1u;
+    if (!tile || !bf16) return false;
+    constexpr long request_permission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long tile_data = 18;               // XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, request_permission, tile_data) == 0;
+  }();
+  return supported;
+}
+#else
+inline bool amx_supported() { return false; }
+#endif
+
+}  // namespace amx_detail
+
+// Turns the AMX path of the single-precision GEMM on or off for every later call (on by default where the CPU has
+// AMX; KILN_AMX=0 in the environment starts it off). Off, every product runs on the AVX-512 kernels.
+inline void set_amx_gemm(bool enabled) { amx_detail::amx_allowed().store(enabled, std::memory_order_relaxed); }
+
+// Whether single-precision products now run on AMX: the CPU and the kernel support it and it is not turned off.
+inline bool amx_gemm_active() {
+  return amx_detail::amx_allowed().load(std::memory_order_relaxed) && amx_detail::amx_supported();
+}
+
+#if KILN_HAS_AMX
+namespace amx_detail {
+
+inline constexpr index_t tile_rows = 16;    // rows of every tile; columns of a C or B tile
+inline constexpr index_t chunk_depth = 32;  // k values per A tile row
+inline constexpr index_t pieces = 3;
+inline constexpr index_t tile_values = 512;                  // bfloat16 values per tile (1 KiB)
+inline constexpr index_t chunk_values = pieces * tile_values;  // one operand tile's three pieces
+inline constexpr int group_row_tiles = 2;  // row tiles of A packed together and swept across the B block
+// k chunks per block: a group's A tiles (2 rows x 4 chunks x 3 pieces x 1 KiB = 24 KiB) stay in L1 (48 KiB) while
+// the B block streams past.
+inline constexpr index_t block_chunks = 4;
+// The packed B block's budget: half of L2, like the blocked GEMM's.
+inline constexpr index_t b_block_bytes = 1 << 20;
+
+using bf16_bits = std::uint16_t;
+
+// The tile palette: all eight tiles 16 rows of 64 bytes.
+struct alignas(64) tile_config {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// Each thread loads the configuration before its tile work (cheap) and releases the tiles after, so that a context
+// switch saves no tile state for a thread that is not using it.
+class tile_session {
+ public:
+  tile_session() {
+    static const tile_config config{};
+    _tile_loadconfig(&config);
+  }
+  ~tile_session() { _tile_release(); }
+  tile_session(const tile_session&) = delete;
+  tile_session& operator=(const tile_session&) = delete;
+};
+
+// The three pieces of 16 floats, each a float whose low 16 bits are zero: its bfloat16 is its high half.
+struct split_floats {
+  __m512i piece[3];
+};
+
+KILN_ALWAYS_INLINE split_floats split_pieces(__m512 x) {
+  const __m512i high_half = _mm512_set1_epi32(int(0xFFFF0000u));
+  const __m512i hi = _mm512_and_si512(_mm512_castps_si512(x), high_half);
+  const __m512 rest = _mm512_sub_ps(x, _mm512_castsi512_ps(hi));  // exact: the low 16 bits of x
+  const __m512i mid = _mm512_and_si512(_mm512_castps_si512(rest), high_half);
+  const __m512 last = _mm512_sub_ps(rest, _mm512_castsi512_ps(mid));  // exact, and at most 8 significant bits
+  const __m512i lo = _mm512_and_si512(_mm512_castps_si512(last), high_half);
+  return {{hi, mid, lo}};
+}
+
+// One piece of two rows of k (even, odd) as VNNI words: (even's bfloat16) | (odd's bfloat16) << 16.
+KILN_ALWAYS_INLINE __m512i pair_words(__m512i even, __m512i odd) {
+  // (The maskz form: GCC 12 warns that the plain one's undefined pass-through register may be used uninitialised.)
+  return _mm512_or_si512(_mm512_maskz_srli_epi32(__mmask16(0xFFFF), even, 16), odd);
+}
+
+// One piece of 32 consecutive values of k (first, second: 16 each) as 32 bfloat16 values in order.
+KILN_ALWAYS_INLINE __m512i consecutive_words(__m512i first, __m512i second) {
+  const __m512i high_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
+                                               27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(first, high_halves, second);
+}
+
+// Transposes a 16 x 16 matrix of 32-bit words held one row per register, in place.
+// (Masked forms throughout: GCC 12 warns that the plain ones' undefined pass-through registers may be used
+// uninitialised.)
+KILN_ALWAYS_INLINE void transpose_16x16(__m512i (&r)[16]) {
+  constexpr __mmask16 all16 = 0xFFFF;
+  constexpr __mmask8 all8 = 0xFF;
+  __m512i a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_maskz_unpacklo_epi32(all16, r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_maskz_unpackhi_epi32(all16, r[2 * i], r[2 * i + 1]);
+  }
+  // Within each 128-bit lane L, b[4g + c] now holds column 4L + c of rows 4g .. 4g + 3.
+  for (int g = 0; g < 4; ++g) {
+    b[4 * g + 0] = _mm512_maskz_unpacklo_epi64(all8, a[4 * g], a[4 * g + 2]);
+    b[4 * g + 1] = _mm512_maskz_unpackhi_epi64(all8, a[4 * g], a[4 * g + 2]);
+    b[4 * g + 2] = _mm512_maskz_unpacklo_epi64(all8, a[4 * g + 1], a[4 * g + 3]);
+    b[4 * g + 3] = _mm512_maskz_unpackhi_epi64(all8, a[4 * g + 1], a[4 * g + 3]);
+  }
+  // Row 4L + c of the transpose is lane L of b[c], b[4 + c], b[8 + c], b[12 + c]: a 4 x 4 transpose of lanes.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i s0 = _mm512_maskz_shuffle_i32x4(all16, b[c], b[4 + c], 0x44), s1 = _mm512_maskz_shuffle_i32x4(all16, b[c], b[4 + c], 0xEE);
+    const __m512i s2 = _mm512_maskz_shuffle_i32x4(all16, b[8 + c], b[12 + c], 0x44);
+    const __m512i s3 = _mm512_maskz_shuffle_i32x4(all16, b[8 + c], b[12 + c], 0xEE);
+    r[c] = _mm512_maskz_shuffle_i32x4(all16, s0, s2, 0x88);
+    r[4 + c] = _mm512_maskz_shuffle_i32x4(all16, s0, s2, 0xDD);
+    r[8 + c] = _mm512_maskz_shuffle_i32x4(all16, s1, s3, 0x88);
+    r[12 + c] = _mm512_maskz_shuffle_i32x4(all16, s1, s3, 0xDD);
+  }
+}
+
+KILN_ALWAYS_INLINE __mmask16 first_lanes(index_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
+}
+
+// 32 consecutive floats of k at p (the first `count` real, zeros after them), split.
+KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, split_floats& first, split_floats& second) {
+  first = split_pieces(_mm512_maskz_loadu_ps(first_lanes(count), p));
+  second = split_pieces(_mm512_maskz_loadu_ps(first_lanes(count - 16), p + 16));
+}
+
+// The three A tiles (hi, mid, lo at dst, dst + 512, dst + 1024) of `rows` rows of 32 values of k, the first `depth`
+// real, at a with stride lda; zero-padded to 16 x 32.
+inline void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_bits* dst) {
+  for (index_t r = 0; r < tile_rows; ++r) {
+    split_floats first, second;
+    if (r < rows) {
+      load_split_run(a + r * lda, depth, first, second);
+    } else {
+      first = second = split_pieces(_mm512_setzero_ps());
+    }
+    for (int q = 0; q < 3; ++q)
+      _mm512_storeu_si512(dst + q * tile_values + r * 32, consecutive_words(first.piece[q], second.piece[q]));
+  }
+}
+
+// The three VNNI B tiles of `depth` rows of k (up to 32) of `cols` columns (up to 16) at b with stride ldb;
+// zero-padded to 32 x 16. Two rows of k give one tile row.
+inline void pack_b_rows(const float* b, index_t ldb, index_t depth, index_t cols, bf16_bits* dst) {
+  const __mmask16 columns = first_lanes(cols);
+  for (index_t d = 0; d < tile_rows; ++d) {
+    const index_t p = 2 * d;
+    const split_floats even =
+        split_pieces(p < depth ? _mm512_maskz_loadu_ps(columns, b + p * ldb) : _mm512_setzero_ps());
+    const split_floats odd =
+        split_pieces(p + 1 < depth ? _mm512_maskz_loadu_ps(columns, b + (p + 1) * ldb) : _mm512_setzero_ps());
+    for (int q = 0; q < 3; ++q)
+      _mm512_storeu_si512(dst + q * tile_values + d * 32, pair_words(even.piece[q], odd.piece[q]));
+  }
+}
+
+// to[c * out_cols + r] = from[r * ld + c]: the transpose of a rows x cols block of floats, zero-padded to
+// out_rows x out_cols (multiples of 16, at least cols x rows), in 16 x 16 blocks in registers. An operand whose k
+// runs down its columns goes through this first, and then packs as one whose k runs along its rows.
+inline void transpose_block(const float* from, index_t ld, index_t rows, index_t cols, index_t out_rows,
+                            index_t out_cols, float* KILN_RESTRICT to) {
+  for (index_t r0 = 0; r0 < out_cols; r0 += 16) {    // rows of `from` become columns of `to`
+    for (index_t c0 = 0; c0 < out_rows; c0 += 16) {  // columns of `from` become rows of `to`
+      const __mmask16 columns = first_lanes(cols - c0);
+      __m512i block[16];
+      for (index_t r = 0; r < 16; ++r)
+        block[r] = r0 + r < rows ? _mm512_castps_si512(_mm512_maskz_loadu_ps(columns, from + (r0 + r) * ld + c0))
+                                 : _mm512_setzero_si512();
+      transpose_16x16(block);
+      for (index_t r = 0; r < 16; ++r) _mm512_storeu_si512(to + (c0 + r) * out_cols + r0, block[r]);
+    }
+  }
+}
+
+// The three tiles of op(A)'s rows [i0, i0 + rows) and k values [p0, p0 + depth), zero-padded to 16 x 32. A stored
+// m x k (untransposed) has op(A)'s rows along k; stored k x m, a 32 x 16 block of it is transposed first.
+inline void pack_a_chunk(bool transpose_a, const float* a, index_t lda, index_t i0, index_t rows, index_t p0,
+                         index_t depth, bf16_bits* dst) {
+  if (!transpose_a) {
+    pack_a_rows(a + i0 * lda + p0, lda, rows, depth, dst);
+    return;
+  }
+  alignas(64) float rows_along_k[16 * 32];
+  transpose_block(a + p0 * lda + i0, lda, depth, rows, 16, 32, rows_along_k);
+  pack_a_rows(rows_along_k, 32, 16, 32, dst);
+}
+
+// The three VNNI tiles of op(B)'s k values [p0, p0 + depth) and columns [j0, j0 + cols), zero-padded to 32 x 16.
+// B stored k x n (untransposed) has op(B)'s rows along n; stored n x k, a 16 x 32 block of it is transposed first.
+inline void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t p0, index_t depth, index_t j0,
+                         index_t cols, bf16_bits* dst) {
+  if (!transpose_b) {
+    pack_b_rows(b + p0 * ldb + j0, ldb, depth, cols, dst);
+    return;
+  }
+  alignas(64) float columns_along_n[32 * 16];
+  transpose_block(b + j0 * ldb + p0, ldb, cols, depth, 32, 16, columns_along_n);
+  pack_b_rows(columns_along_n, 16, 32, 16, dst);
+}
+
+// The register blocking: 2 x 2 C tiles (0-3), two A row tiles (4, 5) and two B column tiles (6, 7). A tile product
+// takes 16 cycles to issue but about three times that to finish, and the next product into the same C tile waits
+// for it: four independent accumulators, used in turn, keep the unit busy. (Six products in a row into one C tile, a
+// 3 x 1 blocking with all three B pieces loaded, ran at half the unit's rate.) The piece products of a chunk run in
+// the order (A hi, B hi), (mid, hi), (lo, hi), (hi, lo), (hi, mid), (mid, mid), each step reloading one side only
+// where it can: 16 tile loads for 24 products. A product computed as its transpose (C^T = B^T A^T, see amx_gemm)
+// runs the mirrored order, (hi, hi), (hi, mid), (hi, lo), (lo, hi), (mid, hi), (mid, mid): each element of C then
+// adds the same exact piece products in the same order either way, and gets the same bits. Macros, not templates:
+// GCC's tile intrinsics paste their tile numbers into the assembly text, so these must be literals.
+#define KILN_AMX_PRODUCTS(Rows, Cols)                  \
+  do {                                                 \
+    _tile_dpbf16ps(0, 4, 6);                           \
+    if constexpr (Cols > 1) _tile_dpbf16ps(1, 4, 7);   \
+    if constexpr (Rows > 1) _tile_dpbf16ps(2, 5, 6);   \
+    if constexpr (Rows > 1 && Cols > 1) _tile_dpbf16ps(3, 5, 7); \
+  } while (0)
+#define KILN_AMX_LOAD_A(Rows, a0, a1)                  \
+  do {                                                 \
+    _tile_loadd(4, (a0), 64);                          \
+    if constexpr (Rows > 1) _tile_loadd(5, (a1), 64);  \
+  } while (0)
+#define KILN_AMX_LOAD_B(Cols, b0, b1)                  \
+  do {                                                 \
+    _tile_loadd(6, (b0), 64);                          \
+    if constexpr (Cols > 1) _tile_loadd(7, (b1), 64);  \
+  } while (0)
+#define KILN_AMX_START(C, resume, acc, stride_bytes)   \
+  do {                                                 \
+    if (resume)                                        \
+      _tile_loadd(C, (acc), (stride_bytes));           \
+    else                                               \
+      _tile_zero(C);                                   \
+  } while (0)
+
+// C tiles of Rows row tiles x Cols column tiles (each 1 or 2) += A rows x B columns over `chunks` chunks. Row tile r
+// holds its chunks at a + r * a_tile_stride, chunk c at + c * chunk_values; column tile t at b + t * b_tile_stride,
+// chunk c at + c * chunk_values. The accumulators start from acc (resume) or zero and end in acc, row tile r and
+// column tile t at acc + (16 r) * acc_stride + 16 t.
+template <int Rows, int Cols, bool Mirrored>
+KILN_NOINLINE void block_product(const bf16_bits* a, index_t a_tile_stride, const bf16_bits* b, index_t b_tile_stride,
+                                 index_t chunks, float* acc, index_t acc_stride, bool resume) {
+  const index_t stride_bytes = acc_stride * index_t(sizeof(float));
+  float* acc10 = acc + tile_rows * acc_stride;
+  KILN_AMX_START(0, resume, acc, stride_bytes);
+  if constexpr (Cols > 1) KILN_AMX_START(1, resume, acc + tile_rows, stride_bytes);
+  if constexpr (Rows > 1) KILN_AMX_START(2, resume, acc10, stride_bytes);
+  if constexpr (Rows > 1 && Cols > 1) KILN_AMX_START(3, resume, acc10 + tile_rows, stride_bytes);
+  for (index_t c = 0; c < chunks; ++c) {
+    const bf16_bits* a0 = a + c * chunk_values;
+    const bf16_bits* a1 = a0 + a_tile_stride;
+    const bf16_bits* b0 = b + c * chunk_values;
+    const bf16_bits* b1 = b0 + b_tile_stride;
+    constexpr index_t hi = 0, mid = tile_values, lo = 2 * tile_values;
+    KILN_AMX_LOAD_A(Rows, a0 + hi, a1 + hi);
+    KILN_AMX_LOAD_B(Cols, b0 + hi, b1 + hi);
+    KILN_AMX_PRODUCTS(Rows, Cols);
+    if constexpr (!Mirrored) {
+      KILN_AMX_LOAD_A(Rows, a0 + mid, a1 + mid);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_A(Rows, a0 + lo, a1 + lo);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_A(Rows, a0 + hi, a1 + hi);
+      KILN_AMX_LOAD_B(Cols, b0 + lo, b1 + lo);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_B(Cols, b0 + mid, b1 + mid);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_A(Rows, a0 + mid, a1 + mid);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+    } else {
+      KILN_AMX_LOAD_B(Cols, b0 + mid, b1 + mid);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_B(Cols, b0 + lo, b1 + lo);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_B(Cols, b0 + hi, b1 + hi);
+      KILN_AMX_LOAD_A(Rows, a0 + lo, a1 + lo);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_A(Rows, a0 + mid, a1 + mid);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_LOAD_B(Cols, b0 + mid, b1 + mid);
+      KILN_AMX_PRODUCTS(Rows, Cols);
+    }
+  }
+  _tile_stored(0, acc, stride_bytes);
+  if constexpr (Cols > 1) _tile_stored(1, acc + tile_rows, stride_bytes);
+  if constexpr (Rows > 1) _tile_stored(2, acc10, stride_bytes);
+  if constexpr (Rows > 1 && Cols > 1) _tile_stored(3, acc10 + tile_rows, stride_bytes);
+}
+
+// The arguments of one product, as gemm received them.
+struct amx_problem {
+  bool transpose_a, transpose_b;
+  index_t m, n, k;
+  float alpha;
+  const float* a;
+  index_t lda;
+  const float* b;
+  index_t ldb;
+  float beta;
+  float* c;
+  index_t ldc;
+  const float* bias;
+  activation act;
+  float slope;
+  const bf16_bits* b_packed = nullptr;  // op(B) as pack_amx_b laid it out, or null: pack per block
+  // The product computed is C^T = op(B)^T op(A)^T: a, b, m, n and the transposes above describe that product, and
+  // its element (i, j) is stored to c[j * ldc + i] with bias[i] (see amx_gemm).
+  bool transposed_output = false;
+};
+
+// Stores the finished sums of one block of tile rows [i_begin, i_end) x columns [j_begin, j_end) (at most 32 x 32,
+// i_begin and j_begin on tile boundaries) from acc (acc_stride floats per row) through the epilogue: alpha, beta * C,
+// bias and activation, as the AVX-512 micro-kernel stores a tile. A transposed output transposes each 16 x 16 tile
+// first.
+inline void finish_block(const amx_problem& g, const float* acc, index_t acc_stride, index_t i_begin, index_t i_end,
+                         index_t j_begin, index_t j_end) {
+  gemm_detail::tile_epilogue<float> tile{g.alpha, g.beta, nullptr, g.act, g.slope, true, true};
+  if (!g.transposed_output) {
+    for (index_t i = i_begin; i < i_end; ++i) {
+      const float* sums = acc + (i - i_begin) * acc_stride;
+      for (index_t j = j_begin; j < j_end; j += tile_rows) {
+        tile.bias = g.bias ? g.bias + j : nullptr;
+        __m512 row[1][1] = {{_mm512_load_ps(sums + (j - j_begin))}};
+        gemm_detail::store_tile<float, 1, 1>(row, g.c + i * g.ldc + j, g.ldc, int(std::min(tile_rows, j_end - j)),
+                                             tile);
+      }
+    }
+    return;
+  }
+  for (index_t it = i_begin; it < i_end; it += tile_rows) {
+    tile.bias = g.bias ? g.bias + it : nullptr;
+    const int cols = int(std::min(tile_rows, i_end - it));
+    for (index_t jt = j_begin; jt < j_end; jt += tile_rows) {
+      __m512i rows[16];
+      const float* sums = acc + (it - i_begin) * acc_stride + (jt - j_begin);
+      for (int r = 0; r < 16; ++r) rows[r] = _mm512_load_si512(sums + r * acc_stride);
+      transpose_16x16(rows);
+      for (index_t j = jt; j < std::min(j_end, jt + tile_rows); ++j) {
+        __m512 row[1][1] = {{_mm512_castsi512_ps(rows[j - jt])}};
+        gemm_detail::store_tile<float, 1, 1>(row, g.c + j * g.ldc + it, g.ldc, cols, tile);
+      }
+    }
+  }
+}
+
+inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
+
+// Where op(B)'s column tile `tile`, chunk `chunk`, lies in a B packed whole by pack_amx_b: column tile after column
+// tile, each with all of k's chunks.
+inline index_t packed_chunk_offset(index_t k, index_t tile, index_t chunk) {
+  return (tile * ceil_div(k, chunk_depth) + chunk) * chunk_values;
+}
+
+// The number of bfloat16 values op(B) (k x n) takes once packed whole by pack_amx_b.
+inline index_t packed_amx_b_size(index_t k, index_t n) {
+  return ceil_div(n, tile_rows) * ceil_div(k, chunk_depth) * chunk_values;
+}
+
+// Packs all of op(B) (k x n) for amx_gemm's b_packed: column tile after column tile, each with all of k's chunks.
+inline void pack_amx_b(bool transpose_b, index_t k, index_t n, const float* b, index_t ldb, bf16_bits* packed) {
+  const index_t chunks = ceil_div(k, chunk_depth);
+  for (index_t t = 0; t * tile_rows < n; ++t)
+    for (index_t c = 0; c < chunks; ++c)
+      pack_b_chunk(transpose_b, b, ldb, c * chunk_depth, std::min(chunk_depth, k - c * chunk_depth), t * tile_rows,
+                   std::min(tile_rows, n - t * tile_rows), packed + packed_chunk_offset(k, t, c));
+}
+
+// Per-thread scratch for the packed blocks and the accumulators: grows to the largest product seen, then is reused,
+// so steady-state calls never touch the heap.
+inline void* amx_scratch(std::size_t bytes) {
+  struct buffer {
+    void* data = nullptr;
+    std::size_t capacity = 0;
+    ~buffer() { aligned_free(data); }
+  };
+  static thread_local buffer scratch;
+  if (bytes > scratch.capacity) {
+    aligned_free(scratch.data);
+    scratch.data = nullptr;
+    scratch.capacity = 0;
+    scratch.data = aligned_allocate(bytes);
+    scratch.capacity = bytes;
+  }
+  return scratch.data;
+}
+
+using block_product_fn = void (*)(const bf16_bits*, index_t, const bf16_bits*, index_t, index_t, float*, index_t, bool);
+// [mirrored][(rows - 1) * 2 + (cols - 1)]
+inline constexpr block_product_fn block_products[2][4] = {
+    {&block_product<1, 1, false>, &block_product<1, 2, false>, &block_product<2, 1, false>,
+     &block_product<2, 2, false>},
+    {&block_product<1, 1, true>, &block_product<1, 2, true>, &block_product<2, 1, true>, &block_product<2, 2, true>}};
+
+// Rows [i0, i1) x columns [j0, j1) of C on the calling thread (i0 and j0 multiples of 16). Every element's sum runs
+// over the same chunks in the same order whatever the sub-block, so any partition gives the same bits.
+inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
+  if (i0 >= i1 || j0 >= j1) return;
+  const index_t chunks_total = ceil_div(g.k, chunk_depth);
+  const index_t row_tiles = ceil_div(i1 - i0, tile_rows);
+  const index_t col_tiles = ceil_div(j1 - j0, tile_rows);
+  const index_t block_depth = std::min(block_chunks, chunks_total);
+  const index_t block_col_tiles =
+      std::max<index_t>(1, std::min(col_tiles, b_block_bytes / (block_depth * chunk_values * 2)));
+  // With several k blocks the sums of every tile of the block wait in acc between them; with one, each 2 x 2 block of
+  // tiles is finished right away, and acc is one such block, kept in L1.
+  const bool one_k_block = chunks_total <= block_depth;
+  const index_t acc_stride = one_k_block ? 2 * tile_rows : block_col_tiles * tile_rows;
+  const index_t acc_rows = one_k_block ? 2 * tile_rows : row_tiles * tile_rows;
+
+  const std::size_t b_bytes = g.b_packed ? 0 : std::size_t(block_col_tiles * block_depth * chunk_values * 2);
+  const std::size_t a_bytes = std::size_t(group_row_tiles * block_depth * chunk_values * 2);
+  const std::size_t acc_bytes = std::size_t(acc_rows * acc_stride) * sizeof(float);
+  char* scratch = static_cast<char*>(amx_scratch(b_bytes + a_bytes + acc_bytes));
+  auto* b_block = reinterpret_cast<bf16_bits*>(scratch);
+  auto* a_group = reinterpret_cast<bf16_bits*>(scratch + b_bytes);
+  auto* acc = reinterpret_cast<float*>(scratch + b_bytes + a_bytes);
+
+  // A plain product (alpha 1, beta 0, no bias, no activation: a weight gradient) over one k block stores each whole
+  // 2 x 2 block of tiles straight into C: the epilogue would copy the sums unchanged.
+  const bool plain_store = one_k_block && !g.transposed_output && g.alpha == 1.0f && g.beta == 0.0f && !g.bias &&
+                           g.act == activation::identity;
+  tile_session tiles;
+  for (index_t jt = 0; jt < col_tiles; jt += block_col_tiles) {
+    const index_t block_tiles = std::min(block_col_tiles, col_tiles - jt);
+    for (index_t cb = 0; cb < chunks_total; cb += block_depth) {
+      const index_t depth = std::min(block_depth, chunks_total - cb);
+      const bool resume = cb > 0, last = cb + depth == chunks_total;
+      // This block's B: packed here, column tile after column tile, or found in the prepacked whole.
+      const bf16_bits* b_base = b_block;
+      index_t b_tile_stride = depth * chunk_values;
+      if (g.b_packed) {
+        b_base = g.b_packed + packed_chunk_offset(g.k, (j0 / tile_rows) + jt, cb);
+        b_tile_stride = chunks_total * chunk_values;
+      } else {
+        for (index_t t = 0; t < block_tiles; ++t) {
+          const index_t j = j0 + (jt + t) * tile_rows;
+          for (index_t c = 0; c < depth; ++c) {
+            const index_t p = (cb + c) * chunk_depth;
+            pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
+                         b_block + (t * depth + c) * chunk_values);
+          }
+        }
+      }
+      for (index_t rt = 0; rt < row_tiles; rt += group_row_tiles) {
+        const int rows_in_group = int(std::min<index_t>(group_row_tiles, row_tiles - rt));
+        for (int r = 0; r < rows_in_group; ++r) {
+          const index_t i = i0 + (rt + r) * tile_rows;
+          for (index_t c = 0; c < depth; ++c) {
+            const index_t p = (cb + c) * chunk_depth;
+            pack_a_chunk(g.transpose_a, g.a, g.lda, i, std::min(tile_rows, i1 - i), p,
+                         std::min(chunk_depth, g.k - p), a_group + (r * depth + c) * chunk_values);
+          }
+        }
+        for (index_t t = 0; t < block_tiles; t += 2) {
+          const int cols_in_pair = int(std::min<index_t>(2, block_tiles - t));
+          float* acc_tile = one_k_block ? acc : acc + rt * tile_rows * acc_stride + t * tile_rows;
+          const bf16_bits* b_column = b_base + t * b_tile_stride;
+          const index_t a_stride = depth * chunk_values;
+          const int shape = (rows_in_group - 1) * 2 + (cols_in_pair - 1);
+          const index_t i = i0 + rt * tile_rows, j = j0 + (jt + t) * tile_rows;
+          const index_t i_end = i + rows_in_group * tile_rows, j_end = j + cols_in_pair * tile_rows;
+          const bool into_c = plain_store && i_end <= i1 && j_end <= j1;
+          const auto product = block_products[g.transposed_output][shape];
+          if (into_c) {
+            product(a_group, a_stride, b_column, b_tile_stride, depth, g.c + i * g.ldc + j, g.ldc, false);
+            continue;
+          }
+          product(a_group, a_stride, b_column, b_tile_stride, depth, acc_tile, acc_stride, resume);
+          if (last) finish_block(g, acc_tile, acc_stride, i, std::min(i1, i_end), j, std::min(j1, j_end));
+        }
+      }
+    }
+  }
+}
+
+// Splits C over the threads in whole 16 x 16 tiles, choosing the grid that packs least: packing (each thread packs
+// the A rows and B columns of its own sub-block) costs about as much per element as 32 columns of tile products.
+inline void amx_threaded(const amx_problem& g, int threads) {
+  const index_t row_tiles = ceil_div(g.m, tile_rows), col_tiles = ceil_div(g.n, tile_rows);
+  threads = int(std::min<index_t>(threads, row_tiles * col_tiles));
+  if (threads <= 1) {
+    amx_block(g, 0, g.m, 0, g.n);
+    return;
+  }
+  int best_tm = 1;
+  index_t best_cost = -1;
+  for (int tm = 1; tm <= threads; ++tm) {
+    if (threads % tm != 0) continue;
+    const index_t rows = ceil_div(row_tiles, tm) * tile_rows, cols = ceil_div(col_tiles, threads / tm) * tile_rows;
+    const index_t cost = rows * cols + 32 * (rows + cols);
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best_tm = tm;
+    }
+  }
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads)
+  {
+    const int team = omp_get_num_threads(), id = omp_get_thread_num();
+    const int tm = team == threads ? best_tm : 1, tn = team / tm;
+    const int my_m = id / tn, my_n = id % tn;
+    const index_t i0 = std::min(g.m, row_tiles * my_m / tm * tile_rows);
+    const index_t i1 = std::min(g.m, row_tiles * (my_m + 1) / tm * tile_rows);
+    const index_t j0 = std::min(g.n, col_tiles * my_n / tn * tile_rows);
+    const index_t j1 = std::min(g.n, col_tiles * (my_n + 1) / tn * tile_rows);
+    amx_block(g, i0, i1, j0, j1);
+  }
+#else
+  amx_block(g, 0, g.m, 0, g.n);
+#endif
+}
+
+// C = act(alpha * op(A) op(B) + beta * C + bias) on `threads` threads; the caller has checked amx_gemm_active().
+// With b_packed (pack_amx_b's layout of op(B)), b, ldb and transpose_b are unused.
+// Packing an operand whose k runs down its columns (A stored k x m, B stored n x k) takes 16 x 16 transposes, the
+// rest only shifts and masks: a product with B stored n x k and fewer rows than columns (a Dense layer's forward,
+// 64 x 784 times 784 x 128) runs as its transpose, C^T = B A^T, so that the smaller operand is the one transposed.
+inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, float alpha, const float* a,
+                     index_t lda, const float* b, index_t ldb, float beta, float* c, index_t ldc, const float* bias,
+                     activation act, float slope, int threads, const bf16_bits* b_packed = nullptr) {
+  amx_problem g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, act, slope, b_packed};
+  if (!b_packed && !transpose_a && transpose_b && m < n) {
+    g = amx_problem{false, true, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc, bias, act, slope};
+    g.transposed_output = true;
+  }
+  amx_threaded(g, threads);
+}
+
+#undef KILN_AMX_PRODUCTS
+#undef KILN_AMX_LOAD_A
+#undef KILN_AMX_LOAD_B
+#undef KILN_AMX_START
+
+}  // namespace amx_detail
+#endif  // KILN_HAS_AMX
+
+}  // namespace kiln::kernels::cpu
