@@ -1,6 +1,7 @@
-// GEMM throughput: kiln's blocked GEMM against OpenBLAS (when linked) on the MLP's shapes and 1024^3, float, on 1 and
-// 2 threads, each as GFLOP/s and as a percentage of this machine's single-core FP32 peak, which the bench measures
-// first with a register-only FMA loop.
+// GEMM throughput: kiln's GEMM against OpenBLAS (when linked) on the MLP's shapes and 1024^3, float, on 1 and 2
+// threads, each as GFLOP/s and as a percentage of this machine's single-core FP32 peak, which the bench measures first
+// with a register-only FMA loop. Where kiln's AMX path is active (gemm_amx.hpp), "kiln" is that path and
+// "kiln_avx512" the AVX-512 kernels alone, measured in the same run.
 //
 //   gemm_bench [--threads N] [--quick]
 //
@@ -181,6 +182,9 @@ int main(int argc, char** argv) {
               peak, thread_counts.back(), peak_all);
 
   std::vector<const char*> systems = {"kiln"};
+  const bool amx = kiln::kernels::cpu::amx_gemm_active();
+  std::printf("kiln's AMX path: %s\n\n", amx ? "active" : "not available on this CPU (or KILN_AMX=0)");
+  if (amx) systems.push_back("kiln_avx512");
 #if defined(KILN_HAVE_CBLAS)
   systems.push_back("openblas");
 #endif
@@ -203,7 +207,8 @@ int main(int argc, char** argv) {
         fill(b.data(), std::size_t(b.size()), 2);
         fill(c.data(), std::size_t(c.size()), 3);
         std::function<void()> call;
-        if (!std::strcmp(system, "kiln")) {
+        kiln::kernels::cpu::set_amx_gemm(amx && !std::strcmp(system, "kiln"));
+        if (!std::strncmp(system, "kiln", 4)) {
           call = [&] {
             kiln::kernels::cpu::gemm<float>(s.transpose_a, s.transpose_b, s.m, s.n, s.k, 1.0f, a.data(), a_cols,
                                             b.data(), b_cols, 0.0f, c.data(), s.n);
@@ -226,6 +231,8 @@ int main(int argc, char** argv) {
       }
     }
   }
+
+  kiln::kernels::cpu::set_amx_gemm(amx);
 
   std::printf("%-18s %-14s %-3s %-3s", "op", "MxNxK", "tA", "tB");
   for (const char* system : systems)

@@ -147,11 +147,17 @@ KILN_ALWAYS_INLINE __m512i pair_words(__m512i even, __m512i odd) {
   return _mm512_or_si512(_mm512_maskz_srli_epi32(__mmask16(0xFFFF), even, 16), odd);
 }
 
-// One piece of 32 consecutive values of k (first, second: 16 each) as 32 bfloat16 values in order.
+// One piece of 32 consecutive values of k (first, second: 16 each) as 32 bfloat16 values in order. Every piece has
+// at most 8 significant bits, so the hardware conversion (AVX512-BF16, rounding to nearest) is exact; without it, a
+// word permute picks the high halves.
 KILN_ALWAYS_INLINE __m512i consecutive_words(__m512i first, __m512i second) {
+#if defined(__AVX512BF16__)
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_castsi512_ps(second), _mm512_castsi512_ps(first));
+#else
   const __m512i high_halves = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
                                                27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   return _mm512_permutex2var_epi16(first, high_halves, second);
+#endif
 }
 
 // Transposes a 16 x 16 matrix of 32-bit words held one row per register, in place.
@@ -277,22 +283,45 @@ inline void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t 
 // runs the mirrored order, (hi, hi), (hi, mid), (hi, lo), (lo, hi), (mid, hi), (mid, mid): each element of C then
 // adds the same exact piece products in the same order either way, and gets the same bits. Macros, not templates:
 // GCC's tile intrinsics paste their tile numbers into the assembly text, so these must be literals.
-#define KILN_AMX_PRODUCTS(Rows, Cols)                  \
-  do {                                                 \
-    _tile_dpbf16ps(0, 4, 6);                           \
-    if constexpr (Cols > 1) _tile_dpbf16ps(1, 4, 7);   \
-    if constexpr (Rows > 1) _tile_dpbf16ps(2, 5, 6);   \
-    if constexpr (Rows > 1 && Cols > 1) _tile_dpbf16ps(3, 5, 7); \
+// One group of products after reloading the A tiles, the B tiles or both. Each reload sits just before the first
+// product that needs it, after the products that still read the old tile: a tile has no renaming, so its load waits
+// for them, and this way only for them.
+#define KILN_AMX_STEP_A(Rows, Cols, a0, a1)                     \
+  do {                                                          \
+    _tile_loadd(4, (a0), 64);                                   \
+    _tile_dpbf16ps(0, 4, 6);                                    \
+    if constexpr (Cols > 1) _tile_dpbf16ps(1, 4, 7);            \
+    if constexpr (Rows > 1) {                                   \
+      _tile_loadd(5, (a1), 64);                                 \
+      _tile_dpbf16ps(2, 5, 6);                                  \
+      if constexpr (Cols > 1) _tile_dpbf16ps(3, 5, 7);          \
+    }                                                           \
   } while (0)
-#define KILN_AMX_LOAD_A(Rows, a0, a1)                  \
-  do {                                                 \
-    _tile_loadd(4, (a0), 64);                          \
-    if constexpr (Rows > 1) _tile_loadd(5, (a1), 64);  \
+#define KILN_AMX_STEP_B(Rows, Cols, b0, b1)                     \
+  do {                                                          \
+    _tile_loadd(6, (b0), 64);                                   \
+    _tile_dpbf16ps(0, 4, 6);                                    \
+    if constexpr (Rows > 1) _tile_dpbf16ps(2, 5, 6);            \
+    if constexpr (Cols > 1) {                                   \
+      _tile_loadd(7, (b1), 64);                                 \
+      _tile_dpbf16ps(1, 4, 7);                                  \
+      if constexpr (Rows > 1) _tile_dpbf16ps(3, 5, 7);          \
+    }                                                           \
   } while (0)
-#define KILN_AMX_LOAD_B(Cols, b0, b1)                  \
-  do {                                                 \
-    _tile_loadd(6, (b0), 64);                          \
-    if constexpr (Cols > 1) _tile_loadd(7, (b1), 64);  \
+#define KILN_AMX_STEP_AB(Rows, Cols, a0, a1, b0, b1)            \
+  do {                                                          \
+    _tile_loadd(4, (a0), 64);                                   \
+    _tile_loadd(6, (b0), 64);                                   \
+    _tile_dpbf16ps(0, 4, 6);                                    \
+    if constexpr (Cols > 1) {                                   \
+      _tile_loadd(7, (b1), 64);                                 \
+      _tile_dpbf16ps(1, 4, 7);                                  \
+    }                                                           \
+    if constexpr (Rows > 1) {                                   \
+      _tile_loadd(5, (a1), 64);                                 \
+      _tile_dpbf16ps(2, 5, 6);                                  \
+      if constexpr (Cols > 1) _tile_dpbf16ps(3, 5, 7);          \
+    }                                                           \
   } while (0)
 #define KILN_AMX_START(C, resume, acc, stride_bytes)   \
   do {                                                 \
@@ -321,33 +350,19 @@ KILN_NOINLINE void block_product(const bf16_bits* a, index_t a_tile_stride, cons
     const bf16_bits* b0 = b + c * chunk_values;
     const bf16_bits* b1 = b0 + b_tile_stride;
     constexpr index_t hi = 0, mid = tile_values, lo = 2 * tile_values;
-    KILN_AMX_LOAD_A(Rows, a0 + hi, a1 + hi);
-    KILN_AMX_LOAD_B(Cols, b0 + hi, b1 + hi);
-    KILN_AMX_PRODUCTS(Rows, Cols);
+    KILN_AMX_STEP_AB(Rows, Cols, a0 + hi, a1 + hi, b0 + hi, b1 + hi);
     if constexpr (!Mirrored) {
-      KILN_AMX_LOAD_A(Rows, a0 + mid, a1 + mid);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_A(Rows, a0 + lo, a1 + lo);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_A(Rows, a0 + hi, a1 + hi);
-      KILN_AMX_LOAD_B(Cols, b0 + lo, b1 + lo);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_B(Cols, b0 + mid, b1 + mid);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_A(Rows, a0 + mid, a1 + mid);
-      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_STEP_A(Rows, Cols, a0 + mid, a1 + mid);
+      KILN_AMX_STEP_A(Rows, Cols, a0 + lo, a1 + lo);
+      KILN_AMX_STEP_AB(Rows, Cols, a0 + hi, a1 + hi, b0 + lo, b1 + lo);
+      KILN_AMX_STEP_B(Rows, Cols, b0 + mid, b1 + mid);
+      KILN_AMX_STEP_A(Rows, Cols, a0 + mid, a1 + mid);
     } else {
-      KILN_AMX_LOAD_B(Cols, b0 + mid, b1 + mid);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_B(Cols, b0 + lo, b1 + lo);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_B(Cols, b0 + hi, b1 + hi);
-      KILN_AMX_LOAD_A(Rows, a0 + lo, a1 + lo);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_A(Rows, a0 + mid, a1 + mid);
-      KILN_AMX_PRODUCTS(Rows, Cols);
-      KILN_AMX_LOAD_B(Cols, b0 + mid, b1 + mid);
-      KILN_AMX_PRODUCTS(Rows, Cols);
+      KILN_AMX_STEP_B(Rows, Cols, b0 + mid, b1 + mid);
+      KILN_AMX_STEP_B(Rows, Cols, b0 + lo, b1 + lo);
+      KILN_AMX_STEP_AB(Rows, Cols, a0 + lo, a1 + lo, b0 + hi, b1 + hi);
+      KILN_AMX_STEP_A(Rows, Cols, a0 + mid, a1 + mid);
+      KILN_AMX_STEP_B(Rows, Cols, b0 + mid, b1 + mid);
     }
   }
   _tile_stored(0, acc, stride_bytes);
@@ -434,23 +449,30 @@ inline void pack_amx_b(bool transpose_b, index_t k, index_t n, const float* b, i
                    std::min(tile_rows, n - t * tile_rows), packed + packed_chunk_offset(k, t, c));
 }
 
-// Per-thread scratch for the packed blocks and the accumulators: grows to the largest product seen, then is reused,
-// so steady-state calls never touch the heap.
-inline void* amx_scratch(std::size_t bytes) {
-  struct buffer {
-    void* data = nullptr;
-    std::size_t capacity = 0;
-    ~buffer() { aligned_free(data); }
-  };
-  static thread_local buffer scratch;
-  if (bytes > scratch.capacity) {
-    aligned_free(scratch.data);
-    scratch.data = nullptr;
-    scratch.capacity = 0;
-    scratch.data = aligned_allocate(bytes);
-    scratch.capacity = bytes;
+// A growing, reused buffer: one per thread for the packed blocks and the accumulators, so steady-state calls never
+// touch the heap.
+struct growing_buffer {
+  void* data = nullptr;
+  std::size_t capacity = 0;
+  growing_buffer() = default;
+  growing_buffer(const growing_buffer&) = delete;
+  growing_buffer& operator=(const growing_buffer&) = delete;
+  ~growing_buffer() { aligned_free(data); }
+  void* reserve(std::size_t bytes) {
+    if (bytes > capacity) {
+      aligned_free(data);
+      data = nullptr;
+      capacity = 0;
+      data = aligned_allocate(bytes);
+      capacity = bytes;
+    }
+    return data;
   }
-  return scratch.data;
+};
+
+inline void* amx_scratch(std::size_t bytes) {
+  static thread_local growing_buffer scratch;
+  return scratch.reserve(bytes);
 }
 
 using block_product_fn = void (*)(const bf16_bits*, index_t, const bf16_bits*, index_t, index_t, float*, index_t, bool);
@@ -476,7 +498,13 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
   const index_t acc_stride = one_k_block ? 2 * tile_rows : block_col_tiles * tile_rows;
   const index_t acc_rows = one_k_block ? 2 * tile_rows : row_tiles * tile_rows;
 
-  const std::size_t b_bytes = g.b_packed ? 0 : std::size_t(block_col_tiles * block_depth * chunk_values * 2);
+  // A B whose columns here fit the block budget whole is packed whole first, each of its rows (or columns) in one
+  // sweep: the hardware prefetcher then follows them, where block by block it met 64 short streams (the MNIST MLP's
+  // forward reads its batch from memory each step). Otherwise it is packed block by block.
+  const std::size_t whole_b_bytes = std::size_t(col_tiles * chunks_total * chunk_values) * sizeof(bf16_bits);
+  const bool pack_whole_b = !g.b_packed && whole_b_bytes <= std::size_t(b_block_bytes);
+  const std::size_t b_bytes =
+      g.b_packed ? 0 : pack_whole_b ? whole_b_bytes : std::size_t(block_col_tiles * block_depth * chunk_values * 2);
   const std::size_t a_bytes = std::size_t(group_row_tiles * block_depth * chunk_values * 2);
   const std::size_t acc_bytes = std::size_t(acc_rows * acc_stride) * sizeof(float);
   char* scratch = static_cast<char*>(amx_scratch(b_bytes + a_bytes + acc_bytes));
@@ -488,6 +516,22 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
   // 2 x 2 block of tiles straight into C: the epilogue would copy the sums unchanged.
   const bool plain_store = one_k_block && !g.transposed_output && g.alpha == 1.0f && g.beta == 0.0f && !g.bias &&
                            g.act == activation::identity;
+  // The whole of op(B)'s columns [j0, j1) packed (by the caller, or here): where it is, and its first column tile's
+  // index in it.
+  const bf16_bits* whole_b = g.b_packed;
+  index_t whole_b_first_tile = j0 / tile_rows;
+  if (pack_whole_b) {
+    for (index_t t = 0; t < col_tiles; ++t) {
+      const index_t j = j0 + t * tile_rows;
+      for (index_t c = 0; c < chunks_total; ++c) {
+        const index_t p = c * chunk_depth;
+        pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
+                     b_block + packed_chunk_offset(g.k, t, c));
+      }
+    }
+    whole_b = b_block;
+    whole_b_first_tile = 0;
+  }
   tile_session tiles;
   for (index_t jt = 0; jt < col_tiles; jt += block_col_tiles) {
     const index_t block_tiles = std::min(block_col_tiles, col_tiles - jt);
@@ -497,8 +541,8 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
       // This block's B: packed here, column tile after column tile, or found in the prepacked whole.
       const bf16_bits* b_base = b_block;
       index_t b_tile_stride = depth * chunk_values;
-      if (g.b_packed) {
-        b_base = g.b_packed + packed_chunk_offset(g.k, (j0 / tile_rows) + jt, cb);
+      if (whole_b) {
+        b_base = whole_b + packed_chunk_offset(g.k, whole_b_first_tile + jt, cb);
         b_tile_stride = chunks_total * chunk_values;
       } else {
         for (index_t t = 0; t < block_tiles; ++t) {
@@ -544,6 +588,9 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
 
 // Splits C over the threads in whole 16 x 16 tiles, choosing the grid that packs least: packing (each thread packs
 // the A rows and B columns of its own sub-block) costs about as much per element as 32 columns of tile products.
+// (Packing B once, shared by the team, was slower on these VMs: the MNIST MLP's forward took 65 us on two threads
+// against 38 us with each thread packing its own. Every step each core rewrote lines the other had read, and read
+// half of its B from the other core's cache.)
 inline void amx_threaded(const amx_problem& g, int threads) {
   const index_t row_tiles = ceil_div(g.m, tile_rows), col_tiles = ceil_div(g.n, tile_rows);
   threads = int(std::min<index_t>(threads, row_tiles * col_tiles));
@@ -595,9 +642,9 @@ inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, i
   amx_threaded(g, threads);
 }
 
-#undef KILN_AMX_PRODUCTS
-#undef KILN_AMX_LOAD_A
-#undef KILN_AMX_LOAD_B
+#undef KILN_AMX_STEP_A
+#undef KILN_AMX_STEP_B
+#undef KILN_AMX_STEP_AB
 #undef KILN_AMX_START
 
 }  // namespace amx_detail
