@@ -99,7 +99,7 @@ inline constexpr int group_row_tiles = 2;  // row tiles of A packed together and
 // k chunks per block: a group's A tiles (2 rows x 4 chunks x 3 pieces x 1 KiB = 24 KiB) stay in L1 (48 KiB) while
 // the B block streams past.
 inline constexpr index_t block_chunks = 4;
-// The packed B block's budget: half of L2, like the blocked GEMM's.
+// The packed B block's budget (all of k for as many column tiles as fit): half of L2, like the blocked GEMM's.
 inline constexpr index_t b_block_bytes = 1 << 20;
 
 using bf16_bits = std::uint16_t;
@@ -482,10 +482,84 @@ inline constexpr block_product_fn block_products[2][4] = {
      &block_product<2, 2, false>},
     {&block_product<1, 1, true>, &block_product<1, 2, true>, &block_product<2, 1, true>, &block_product<2, 2, true>}};
 
-// Rows [i0, i1) x columns [j0, j1) of C on the calling thread (i0 and j0 multiples of 16). Every element's sum runs
-// over the same chunks in the same order whatever the sub-block, so any partition gives the same bits.
-inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
-  if (i0 >= i1 || j0 >= j1) return;
+// amx_block for an op(B) whose columns [j0, j1) fit the L2 budget with all of k (or come prepacked): B packed
+// whole first, each of its rows in one sweep (the prefetcher follows whole rows, where block by block it met 64
+// short streams: the MNIST MLP's forward reads its batch from memory each step); then 2-tile groups of A's rows,
+// and for each group the k blocks, whose A tiles are packed into L1 and swept across B's column pairs. A group's sums
+// wait in a strip of 32 rows between k blocks, in L1.
+inline void amx_block_whole_b(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
+  const index_t chunks_total = ceil_div(g.k, chunk_depth);
+  const index_t row_tiles = ceil_div(i1 - i0, tile_rows);
+  const index_t col_tiles = ceil_div(j1 - j0, tile_rows);
+  const index_t block_depth = std::min(block_chunks, chunks_total);
+  const index_t column_tile_bytes = chunks_total * chunk_values * index_t(sizeof(bf16_bits));
+  const index_t block_col_tiles = std::max<index_t>(1, std::min(col_tiles, b_block_bytes / column_tile_bytes));
+  const bool one_k_block = chunks_total <= block_depth;
+  const index_t acc_stride = block_col_tiles * tile_rows;
+
+  const std::size_t b_bytes = g.b_packed ? 0 : std::size_t(block_col_tiles * column_tile_bytes);
+  const std::size_t a_bytes = std::size_t(group_row_tiles * block_depth * chunk_values) * sizeof(bf16_bits);
+  const std::size_t acc_bytes = std::size_t(group_row_tiles * tile_rows * acc_stride) * sizeof(float);
+  char* scratch = static_cast<char*>(amx_scratch(b_bytes + a_bytes + acc_bytes));
+  auto* b_block = reinterpret_cast<bf16_bits*>(scratch);
+  auto* a_group = reinterpret_cast<bf16_bits*>(scratch + b_bytes);
+  auto* acc = reinterpret_cast<float*>(scratch + b_bytes + a_bytes);
+
+  // A plain product (alpha 1, beta 0, no bias, no activation: a weight gradient) over one k block stores each whole
+  // 2 x 2 block of tiles straight into C: the epilogue would copy the sums unchanged.
+  const bool plain_store = one_k_block && !g.transposed_output && g.alpha == 1.0f && g.beta == 0.0f && !g.bias &&
+                           g.act == activation::identity;
+  tile_session tiles;
+  for (index_t jt = 0; jt < col_tiles; jt += block_col_tiles) {
+    const index_t block_tiles = std::min(block_col_tiles, col_tiles - jt);
+    // This block of B, all of k: found in the prepacked whole, or packed here in the same layout.
+    const bf16_bits* b_base = g.b_packed ? g.b_packed + packed_chunk_offset(g.k, j0 / tile_rows + jt, 0) : b_block;
+    if (!g.b_packed)
+      for (index_t t = 0; t < block_tiles; ++t) {
+        const index_t j = j0 + (jt + t) * tile_rows;
+        for (index_t c = 0; c < chunks_total; ++c) {
+          const index_t p = c * chunk_depth;
+          pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
+                       b_block + packed_chunk_offset(g.k, t, c));
+        }
+      }
+    const index_t b_tile_stride = chunks_total * chunk_values;
+    for (index_t rt = 0; rt < row_tiles; rt += group_row_tiles) {
+      const int rows_in_group = int(std::min<index_t>(group_row_tiles, row_tiles - rt));
+      const index_t i = i0 + rt * tile_rows, i_end = i + rows_in_group * tile_rows;
+      for (index_t cb = 0; cb < chunks_total; cb += block_depth) {
+        const index_t depth = std::min(block_depth, chunks_total - cb);
+        const bool resume = cb > 0, last = cb + depth == chunks_total;
+        for (int r = 0; r < rows_in_group; ++r) {
+          const index_t row = i + r * tile_rows;
+          for (index_t c = 0; c < depth; ++c) {
+            const index_t p = (cb + c) * chunk_depth;
+            pack_a_chunk(g.transpose_a, g.a, g.lda, row, std::min(tile_rows, i1 - row), p,
+                         std::min(chunk_depth, g.k - p), a_group + (r * depth + c) * chunk_values);
+          }
+        }
+        const index_t a_stride = depth * chunk_values;
+        for (index_t t = 0; t < block_tiles; t += 2) {
+          const int cols_in_pair = int(std::min<index_t>(2, block_tiles - t));
+          const auto product = block_products[g.transposed_output][(rows_in_group - 1) * 2 + (cols_in_pair - 1)];
+          const bf16_bits* b_column = b_base + t * b_tile_stride + cb * chunk_values;
+          const index_t j = j0 + (jt + t) * tile_rows, j_end = j + cols_in_pair * tile_rows;
+          if (plain_store && i_end <= i1 && j_end <= j1) {
+            product(a_group, a_stride, b_column, b_tile_stride, depth, g.c + i * g.ldc + j, g.ldc, false);
+            continue;
+          }
+          float* acc_tile = acc + t * tile_rows;
+          product(a_group, a_stride, b_column, b_tile_stride, depth, acc_tile, acc_stride, resume);
+          if (last) finish_block(g, acc_tile, acc_stride, i, std::min(i1, i_end), j, std::min(j1, j_end));
+        }
+      }
+    }
+  }
+}
+
+// amx_block for a large op(B): for each column block and k block, B's block packed into L2, then 2-tile groups of
+// A's rows packed into L1 and swept across it; every tile's sums wait in acc between k blocks.
+inline void amx_block_by_blocks(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
   const index_t chunks_total = ceil_div(g.k, chunk_depth);
   const index_t row_tiles = ceil_div(i1 - i0, tile_rows);
   const index_t col_tiles = ceil_div(j1 - j0, tile_rows);
@@ -498,13 +572,7 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
   const index_t acc_stride = one_k_block ? 2 * tile_rows : block_col_tiles * tile_rows;
   const index_t acc_rows = one_k_block ? 2 * tile_rows : row_tiles * tile_rows;
 
-  // A B whose columns here fit the block budget whole is packed whole first, each of its rows (or columns) in one
-  // sweep: the hardware prefetcher then follows them, where block by block it met 64 short streams (the MNIST MLP's
-  // forward reads its batch from memory each step). Otherwise it is packed block by block.
-  const std::size_t whole_b_bytes = std::size_t(col_tiles * chunks_total * chunk_values) * sizeof(bf16_bits);
-  const bool pack_whole_b = !g.b_packed && whole_b_bytes <= std::size_t(b_block_bytes);
-  const std::size_t b_bytes =
-      g.b_packed ? 0 : pack_whole_b ? whole_b_bytes : std::size_t(block_col_tiles * block_depth * chunk_values * 2);
+  const std::size_t b_bytes = std::size_t(block_col_tiles * block_depth * chunk_values * 2);
   const std::size_t a_bytes = std::size_t(group_row_tiles * block_depth * chunk_values * 2);
   const std::size_t acc_bytes = std::size_t(acc_rows * acc_stride) * sizeof(float);
   char* scratch = static_cast<char*>(amx_scratch(b_bytes + a_bytes + acc_bytes));
@@ -516,42 +584,21 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
   // 2 x 2 block of tiles straight into C: the epilogue would copy the sums unchanged.
   const bool plain_store = one_k_block && !g.transposed_output && g.alpha == 1.0f && g.beta == 0.0f && !g.bias &&
                            g.act == activation::identity;
-  // The whole of op(B)'s columns [j0, j1) packed (by the caller, or here): where it is, and its first column tile's
-  // index in it.
-  const bf16_bits* whole_b = g.b_packed;
-  index_t whole_b_first_tile = j0 / tile_rows;
-  if (pack_whole_b) {
-    for (index_t t = 0; t < col_tiles; ++t) {
-      const index_t j = j0 + t * tile_rows;
-      for (index_t c = 0; c < chunks_total; ++c) {
-        const index_t p = c * chunk_depth;
-        pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
-                     b_block + packed_chunk_offset(g.k, t, c));
-      }
-    }
-    whole_b = b_block;
-    whole_b_first_tile = 0;
-  }
   tile_session tiles;
   for (index_t jt = 0; jt < col_tiles; jt += block_col_tiles) {
     const index_t block_tiles = std::min(block_col_tiles, col_tiles - jt);
     for (index_t cb = 0; cb < chunks_total; cb += block_depth) {
       const index_t depth = std::min(block_depth, chunks_total - cb);
       const bool resume = cb > 0, last = cb + depth == chunks_total;
-      // This block's B: packed here, column tile after column tile, or found in the prepacked whole.
+      // This block's B, column tile after column tile.
       const bf16_bits* b_base = b_block;
-      index_t b_tile_stride = depth * chunk_values;
-      if (whole_b) {
-        b_base = whole_b + packed_chunk_offset(g.k, whole_b_first_tile + jt, cb);
-        b_tile_stride = chunks_total * chunk_values;
-      } else {
-        for (index_t t = 0; t < block_tiles; ++t) {
-          const index_t j = j0 + (jt + t) * tile_rows;
-          for (index_t c = 0; c < depth; ++c) {
-            const index_t p = (cb + c) * chunk_depth;
-            pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
-                         b_block + (t * depth + c) * chunk_values);
-          }
+      const index_t b_tile_stride = depth * chunk_values;
+      for (index_t t = 0; t < block_tiles; ++t) {
+        const index_t j = j0 + (jt + t) * tile_rows;
+        for (index_t c = 0; c < depth; ++c) {
+          const index_t p = (cb + c) * chunk_depth;
+          pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
+                       b_block + (t * depth + c) * chunk_values);
         }
       }
       for (index_t rt = 0; rt < row_tiles; rt += group_row_tiles) {
@@ -584,6 +631,20 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
       }
     }
   }
+}
+
+// Rows [i0, i1) x columns [j0, j1) of C on the calling thread (i0 and j0 multiples of 16). Every element's sum runs
+// over the same chunks in the same order whatever the sub-block or loop order, so any partition gives the same bits.
+// Where op(B)'s columns fit the L2 budget with all of k, rows go outside k (no A packed twice, a 32-row strip of
+// sums); otherwise k blocks go outside rows, so that B is packed once (the 256 x 784 x 1024 product with rows
+// outside, A packed once per 160-column block, ran at 286 GFLOP/s against 343, and 232 against 625 on two threads).
+inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
+  if (i0 >= i1 || j0 >= j1) return;
+  const index_t column_tile_bytes = ceil_div(g.k, chunk_depth) * chunk_values * index_t(sizeof(bf16_bits));
+  if (g.b_packed || ceil_div(j1 - j0, tile_rows) * column_tile_bytes <= b_block_bytes)
+    amx_block_whole_b(g, i0, i1, j0, j1);
+  else
+    amx_block_by_blocks(g, i0, i1, j0, j1);
 }
 
 // Splits C over the threads in whole 16 x 16 tiles, choosing the grid that packs least: packing (each thread packs
