@@ -201,7 +201,9 @@ int main(int argc, char** argv) try {
   bool quick = flags.has("--quick");
   std::string only = flags.get("--workload", "all");
   set_num_threads(threads);
-  std::printf("kiln ladder: %d thread%s, median of %d repetitions\n", threads, threads == 1 ? "" : "s", reps);
+  std::printf("kiln ladder: %d thread%s, median of %d repetitions; single-precision products on %s\n", threads,
+              threads == 1 ? "" : "s", reps,
+              kiln::kernels::cpu::amx_gemm_active() ? "AMX tiles (KILN_AMX=0 for AVX-512 only)" : "AVX-512/AVX2 FMAs");
   std::vector<std::shared_ptr<void>> keep;
   bool ok = true;
   random_generator rng(2024);

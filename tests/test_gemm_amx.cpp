@@ -213,3 +213,17 @@ TEST_CASE("a NaN in an operand reaches the outputs it touches on the AMX path" *
     for (index_t j = 0; j < pr.n; ++j) nan_rows_right += std::isnan(out[std::size_t(i * pr.ldc + j)]) == (i == 7);
   CHECK(nan_rows_right == pr.m * pr.n);
 }
+
+TEST_CASE("adding to a C of zeros writes the product; one nonzero element of C is still added" *
+          doctest::skip(no_amx)) {
+  // The AMX path turns beta != 0 onto an all-zero C (a freshly zeroed .grad) into beta = 0, after scanning C.
+  product pr(true, false, 128, 784, 64, 0, 11);
+  const epilogue<float> none{};
+  std::fill(pr.c.begin(), pr.c.end(), 0.0f);
+  const auto written = pr.run(true, 1.0f, 0.0f, none), added = pr.run(true, 1.0f, 1.0f, none);
+  CHECK(bitwise_equal(written, added));
+  pr.c.back() = 0.5f;  // the last element scanned
+  const auto with_one = pr.run(true, 1.0f, 1.0f, none);
+  CHECK(with_one.back() == written.back() + 0.5f);
+  CHECK(pr.worst_error(with_one, 1.0f, 1.0f, none) < 1e-6);
+}
