@@ -13,9 +13,10 @@
 // The layout follows the AMX tile shapes: an A tile is 16 rows x 32 bfloat16 values along k (one row per 64-byte
 // line); a B tile is 16 pairs of k x 16 columns, each 32-bit word holding B(2r, j) in its low half and B(2r + 1, j)
 // in its high half (the "VNNI" layout); a C tile is 16 x 16 floats. For every 32-deep chunk of k an operand tile is
-// packed as three tiles, one per piece. The blocking is the blocked GEMM's (gemm.hpp): a k block of B's column tiles
-// packed into L2, a group of three row tiles of A packed into L1 and swept across it, C accumulated in three tile
-// registers per column tile and stored through the same epilogue as the AVX-512 micro-kernel (store_tile).
+// packed as three tiles, one per piece. The blocking follows the blocked GEMM's (gemm.hpp): B's column tiles packed
+// into L2 (all of k where they fit, else a k block at a time), two row tiles of A at a time packed into L1 for one k
+// block and swept across them, C accumulated in 2 x 2 tile registers and finished through the same epilogue as the
+// AVX-512 micro-kernel (store_tile), or a plain loop where the epilogue is only alpha and beta.
 //
 // Limits: products involving an infinite value give NaN where the float product gives an infinity (the infinity's
 // remainder pieces are NaN); float subnormals are read and written as zero (AMX flushes them), as kiln's training
