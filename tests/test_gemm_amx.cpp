@@ -96,9 +96,10 @@ struct size3 {
 };
 
 // Whole and partial tiles in every dimension (16 rows and columns, 32-deep chunks), one and several k blocks (128
-// deep), an MLP layer's shapes, and row counts that do and do not fill a 2 x 2 block of tiles.
+// deep), an MLP layer's shapes, row counts that do and do not fill a 2 x 2 block of tiles, and a B too large for L2
+// with all of k (400 x 1100: packed a k block at a time).
 const size3 sizes[] = {{16, 1024, 64}, {37, 450, 100}, {64, 128, 784}, {128, 784, 64}, {130, 45, 1100},
-                       {50, 333, 129}, {100, 100, 257}, {17, 1000, 70}};
+                       {50, 333, 129}, {100, 100, 257}, {17, 1000, 70}, {40, 400, 1100}};
 
 }  // namespace
 
@@ -226,4 +227,23 @@ TEST_CASE("adding to a C of zeros writes the product; one nonzero element of C i
   const auto with_one = pr.run(true, 1.0f, 1.0f, none);
   CHECK(with_one.back() == written.back() + 0.5f);
   CHECK(pr.worst_error(with_one, 1.0f, 1.0f, none) < 1e-6);
+}
+
+TEST_CASE("a product of many rows runs in row panels with the bits of separate products" * doctest::skip(no_amx)) {
+  // B (1024 x 256) is too large for L2 with all of k, so rows run in panels of 2048; rows 0-999 and 1000-2099 as two
+  // products must give the bits of the one product that crosses a panel boundary.
+  const int saved = num_threads();
+  set_num_threads(1);  // on one thread the whole product is one sub-block, and its rows run in panels
+  const product pr(false, false, 2100, 256, 1024, 0, 21);
+  const epilogue<float> fused{pr.bias.data(), activation::relu};
+  const auto whole = pr.run(true, 1.0f, 0.0f, fused);
+  std::vector<float> split = pr.c;
+  kernels::cpu::set_amx_gemm(true);
+  const index_t first = 1000;
+  gemm<float>(false, false, first, pr.n, pr.k, 1.0f, pr.a.data(), pr.lda, pr.b.data(), pr.ldb, 0.0f, split.data(),
+              pr.ldc, fused);
+  gemm<float>(false, false, pr.m - first, pr.n, pr.k, 1.0f, pr.a.data() + first * pr.lda, pr.lda, pr.b.data(),
+              pr.ldb, 0.0f, split.data() + first * pr.ldc, pr.ldc, fused);
+  set_num_threads(saved);
+  CHECK(bitwise_equal(whole, split));
 }

@@ -670,10 +670,19 @@ inline void amx_block_by_blocks(const amx_problem& g, index_t i0, index_t i1, in
 inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
   if (i0 >= i1 || j0 >= j1) return;
   const index_t column_tile_bytes = ceil_div(g.k, chunk_depth) * chunk_values * index_t(sizeof(bf16_bits));
-  if (g.b_packed || ceil_div(j1 - j0, tile_rows) * column_tile_bytes <= b_block_bytes)
+  if (g.b_packed || ceil_div(j1 - j0, tile_rows) * column_tile_bytes <= b_block_bytes) {
     amx_block_whole_b(g, i0, i1, j0, j1);
-  else
-    amx_block_by_blocks(g, i0, i1, j0, j1);
+    return;
+  }
+  // By blocks, every row's sums wait in acc between k blocks: rows go in panels whose sums take at most 2 MiB, so
+  // that a product of many rows (a large batch) does not grow the scratch with m. Each panel packs B again.
+  const index_t block_depth = std::min(block_chunks, ceil_div(g.k, chunk_depth));
+  const index_t acc_stride = std::max<index_t>(
+      1, std::min(ceil_div(j1 - j0, tile_rows), b_block_bytes / (block_depth * chunk_values * 2))) * tile_rows;
+  const index_t panel_rows =
+      std::max<index_t>(group_row_tiles * tile_rows, (index_t(2) << 20) / (acc_stride * index_t(sizeof(float))) /
+                                                         (group_row_tiles * tile_rows) * (group_row_tiles * tile_rows));
+  for (index_t i = i0; i < i1; i += panel_rows) amx_block_by_blocks(g, i, std::min(i1, i + panel_rows), j0, j1);
 }
 
 // Splits C over the threads in whole 16 x 16 tiles, choosing the grid that packs least: packing (each thread packs
