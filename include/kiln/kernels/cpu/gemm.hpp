@@ -19,6 +19,7 @@
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
 #include "kiln/kernels/cpu/gemm_narrow.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
+#include "kiln/kernels/cpu/gemm_scratch.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
 
 namespace kiln::kernels::cpu {
@@ -93,31 +94,6 @@ struct gemm_problem {
   // &op(A)(i, p) and &op(B)(p, j).
   const T* a_at(index_t i, index_t p) const { return transpose_a ? a + p * lda + i : a + i * lda + p; }
   const T* b_at(index_t p, index_t j) const { return transpose_b ? b + j * ldb + p : b + p * ldb + j; }
-};
-
-// Per-thread packing scratch: grows to the largest block seen, then is reused, so steady-state calls never touch the
-// heap. One per thread (OpenMP keeps its worker threads alive between parallel regions).
-class gemm_scratch {
- public:
-  gemm_scratch() = default;
-  gemm_scratch(const gemm_scratch&) = delete;
-  gemm_scratch& operator=(const gemm_scratch&) = delete;
-  ~gemm_scratch() { aligned_free(data_); }
-
-  void* reserve(std::size_t bytes) {
-    if (bytes > capacity_) {
-      aligned_free(data_);
-      data_ = nullptr;
-      capacity_ = 0;
-      data_ = aligned_allocate(bytes);
-      capacity_ = bytes;
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t capacity_ = 0;
 };
 
 inline gemm_scratch& thread_scratch() {

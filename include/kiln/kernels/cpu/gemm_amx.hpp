@@ -32,6 +32,7 @@
 #include "kiln/core/memory.hpp"
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
+#include "kiln/kernels/cpu/gemm_scratch.hpp"
 
 // (Not in code that nvcc compiles: its front end does not know the tile intrinsics, and the CPU GEMMs of a CUDA
 // program's host code are not the ones that matter.)
@@ -466,29 +467,9 @@ inline void pack_amx_b(bool transpose_b, index_t k, index_t n, const float* b, i
                    std::min(tile_rows, n - t * tile_rows), packed + packed_chunk_offset(k, t, c));
 }
 
-// A growing, reused buffer: one per thread for the packed blocks and the accumulators, so steady-state calls never
-// touch the heap.
-struct growing_buffer {
-  void* data = nullptr;
-  std::size_t capacity = 0;
-  growing_buffer() = default;
-  growing_buffer(const growing_buffer&) = delete;
-  growing_buffer& operator=(const growing_buffer&) = delete;
-  ~growing_buffer() { aligned_free(data); }
-  void* reserve(std::size_t bytes) {
-    if (bytes > capacity) {
-      aligned_free(data);
-      data = nullptr;
-      capacity = 0;
-      data = aligned_allocate(bytes);
-      capacity = bytes;
-    }
-    return data;
-  }
-};
-
+// The AMX path's per-thread scratch, for its packed blocks and accumulators.
 inline void* amx_scratch(std::size_t bytes) {
-  static thread_local growing_buffer scratch;
+  static thread_local gemm_detail::gemm_scratch scratch;
   return scratch.reserve(bytes);
 }
 
