@@ -458,13 +458,25 @@ inline index_t packed_amx_b_size(index_t k, index_t n) {
   return ceil_div(n, tile_rows) * ceil_div(k, chunk_depth) * chunk_values;
 }
 
+// Packs op(B)'s chunks [cb, cb + depth) of `tiles` column tiles from column j0 (columns below n real): tile t's
+// chunk cb + c at dst + (t * tile_chunks + c) * chunk_values. All of k with tile_chunks = all chunks is the layout of
+// a B packed whole (packed_chunk_offset); one k block with tile_chunks = depth, a block's.
+inline void pack_b_tiles(bool transpose_b, const float* b, index_t ldb, index_t k, index_t n, index_t j0,
+                         index_t tiles, index_t cb, index_t depth, index_t tile_chunks, bf16_bits* dst) {
+  for (index_t t = 0; t < tiles; ++t) {
+    const index_t j = j0 + t * tile_rows;
+    for (index_t c = 0; c < depth; ++c) {
+      const index_t p = (cb + c) * chunk_depth;
+      pack_b_chunk(transpose_b, b, ldb, p, std::min(chunk_depth, k - p), j, std::min(tile_rows, n - j),
+                   dst + (t * tile_chunks + c) * chunk_values);
+    }
+  }
+}
+
 // Packs all of op(B) (k x n) for amx_gemm's b_packed: column tile after column tile, each with all of k's chunks.
 inline void pack_amx_b(bool transpose_b, index_t k, index_t n, const float* b, index_t ldb, bf16_bits* packed) {
   const index_t chunks = ceil_div(k, chunk_depth);
-  for (index_t t = 0; t * tile_rows < n; ++t)
-    for (index_t c = 0; c < chunks; ++c)
-      pack_b_chunk(transpose_b, b, ldb, c * chunk_depth, std::min(chunk_depth, k - c * chunk_depth), t * tile_rows,
-                   std::min(tile_rows, n - t * tile_rows), packed + packed_chunk_offset(k, t, c));
+  pack_b_tiles(transpose_b, b, ldb, k, n, 0, ceil_div(n, tile_rows), 0, chunks, chunks, packed);
 }
 
 // The AMX path's per-thread scratch, for its packed blocks and accumulators.
@@ -571,14 +583,8 @@ inline void amx_block_whole_b(const amx_problem& g, index_t i0, index_t i1, inde
     // This block of B, all of k: found in the prepacked whole, or packed here in the same layout.
     const bf16_bits* b_base = g.b_packed ? g.b_packed + packed_chunk_offset(g.k, j0 / tile_rows + jt, 0) : b_block;
     if (!g.b_packed)
-      for (index_t t = 0; t < block_tiles; ++t) {
-        const index_t j = j0 + (jt + t) * tile_rows;
-        for (index_t c = 0; c < chunks_total; ++c) {
-          const index_t p = c * chunk_depth;
-          pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
-                       b_block + packed_chunk_offset(g.k, t, c));
-        }
-      }
+      pack_b_tiles(g.transpose_b, g.b, g.ldb, g.k, j1, j0 + jt * tile_rows, block_tiles, 0, chunks_total, chunks_total,
+                   b_block);
     for (index_t rt = 0; rt < row_tiles; rt += group_row_tiles) {
       const int rows_in_group = int(std::min<index_t>(group_row_tiles, row_tiles - rt));
       const index_t i = i0 + rt * tile_rows;
@@ -623,14 +629,7 @@ inline void amx_block_by_blocks(const amx_problem& g, index_t i0, index_t i1, in
     for (index_t cb = 0; cb < chunks_total; cb += block_depth) {
       const index_t depth = std::min(block_depth, chunks_total - cb);
       // This block's B, column tile after column tile.
-      for (index_t t = 0; t < block_tiles; ++t) {
-        const index_t j = j0 + (jt + t) * tile_rows;
-        for (index_t c = 0; c < depth; ++c) {
-          const index_t p = (cb + c) * chunk_depth;
-          pack_b_chunk(g.transpose_b, g.b, g.ldb, p, std::min(chunk_depth, g.k - p), j, std::min(tile_rows, j1 - j),
-                       b_block + (t * depth + c) * chunk_values);
-        }
-      }
+      pack_b_tiles(g.transpose_b, g.b, g.ldb, g.k, j1, j0 + jt * tile_rows, block_tiles, cb, depth, depth, b_block);
       for (index_t rt = 0; rt < row_tiles; rt += group_row_tiles) {
         const int rows_in_group = int(std::min<index_t>(group_row_tiles, row_tiles - rt));
         const index_t i = i0 + rt * tile_rows;
