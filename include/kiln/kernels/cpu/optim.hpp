@@ -10,6 +10,10 @@
 
 #include <cmath>
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#endif
+
 #include "kiln/core/config.hpp"
 #include "kiln/kernels/cpu/flush_denormals.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
@@ -130,6 +134,66 @@ struct optim_kernels {
       param[i] = p - c.step_size * (m / denom);
     }
   }
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  // m / d for 16 lanes without the divider: a reciprocal estimate (14 bits), one Newton step, the quotient, and one
+  // correction by its exact residual m - q d (an FMA), which lands on the correctly rounded quotient in every case
+  // tested (tests/test_optim_kernels.cpp, and 10^11 random pairs offline). The square root and the division share one
+  // unit, and with both on it the loop was bound by that unit rather than by memory: 36.7 -> 31.3 us over the MNIST
+  // MLP's 101,770 parameters (one core). Lanes where the estimate breaks down (d zero, subnormal or infinite, or a
+  // quotient that overflows) take the division.
+  static KILN_ALWAYS_INLINE __m512 quotient(__m512 m, __m512 d) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    // (The maskz forms: GCC 12 warns that the plain ones' undefined pass-through registers may be used uninitialised.)
+    __m512 r = _mm512_maskz_rcp14_ps(__mmask16(0xFFFF), d);
+    r = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, one), r);
+    const __m512 q0 = _mm512_mul_ps(m, r);
+    const __m512 q = _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, d, m), r, q0);
+    // fpclass: 0x02 / 0x04 zero, 0x08 / 0x10 infinite, 0x20 subnormal.
+    const __mmask16 special = _kor_mask16(_mm512_fpclass_ps_mask(d, 0x3E), _mm512_fpclass_ps_mask(q0, 0x18));
+    if (special) [[unlikely]]
+      return _mm512_mask_div_ps(q, special, m, d);
+    return q;
+  }
+
+  // adam_loop for floats, 16 lanes at a time, in the same arithmetic term for term except the division (quotient
+  // above). The last partial vector runs masked through the same code, so that an element's bits do not depend on
+  // where it falls in the span.
+  template <adam_decay Decay, bool Amsgrad>
+  static void adam_loop(float* KILN_RESTRICT param, const float* KILN_RESTRICT grad, float* KILN_RESTRICT exp_avg,
+                        float* KILN_RESTRICT exp_avg_sq, float* KILN_RESTRICT exp_avg_sq_max, index_t n,
+                        const adam_step_args<float> a, const adam_step_constants<float> c) {
+    const __m512 one_minus_beta1 = _mm512_set1_ps(1.0f - a.beta1), beta2 = _mm512_set1_ps(a.beta2);
+    const __m512 one_minus_beta2 = _mm512_set1_ps(1.0f - a.beta2), eps = _mm512_set1_ps(a.eps);
+    const __m512 inverse_bias_correction2 = _mm512_set1_ps(c.inverse_bias_correction2);
+    const __m512 step_size = _mm512_set1_ps(c.step_size), decay = _mm512_set1_ps(c.decay);
+    const __m512 weight_decay = _mm512_set1_ps(a.weight_decay);
+    auto update = [&](index_t i, __mmask16 lanes) {
+      __m512 g = _mm512_maskz_loadu_ps(lanes, grad + i);
+      __m512 p = _mm512_maskz_loadu_ps(lanes, param + i);
+      if constexpr (Decay == adam_decay::decoupled) p = _mm512_mul_ps(p, decay);
+      if constexpr (Decay == adam_decay::l2) g = _mm512_add_ps(g, _mm512_mul_ps(weight_decay, p));
+      const __m512 m_old = _mm512_maskz_loadu_ps(lanes, exp_avg + i);
+      const __m512 m = _mm512_add_ps(m_old, _mm512_mul_ps(_mm512_sub_ps(g, m_old), one_minus_beta1));
+      __m512 v = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_maskz_loadu_ps(lanes, exp_avg_sq + i)),
+                               _mm512_mul_ps(_mm512_mul_ps(one_minus_beta2, g), g));
+      _mm512_mask_storeu_ps(exp_avg + i, lanes, m);
+      _mm512_mask_storeu_ps(exp_avg_sq + i, lanes, v);
+      if constexpr (Amsgrad) {
+        const __m512 v_max = _mm512_maskz_loadu_ps(lanes, exp_avg_sq_max + i);
+        v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v_max, v, _CMP_LT_OQ), v_max, v);
+        _mm512_mask_storeu_ps(exp_avg_sq_max + i, lanes, v);
+      }
+      __m512 denom = _mm512_add_ps(_mm512_maskz_sqrt_ps(__mmask16(0xFFFF), _mm512_mul_ps(v, inverse_bias_correction2)), eps);
+      // Masked-off lanes get a nonzero denominator, so that they do not send the vector to the division.
+      if (lanes != 0xFFFF) denom = _mm512_mask_blend_ps(lanes, one_minus_beta1, denom);
+      _mm512_mask_storeu_ps(param + i, lanes, _mm512_sub_ps(p, _mm512_mul_ps(step_size, quotient(m, denom))));
+    };
+    index_t i = 0;
+    for (; i + 16 <= n; i += 16) update(i, __mmask16(0xFFFF));
+    if (i < n) update(i, __mmask16((1u << (n - i)) - 1u));
+  }
+#endif
 };
 
 }  // namespace kiln::kernels::cpu
