@@ -82,6 +82,9 @@ struct variable_node {
   kiln::shape shape;
   T* value = nullptr;
   T* grad = nullptr;                       // null until a gradient reaches it (or, for parameters, registration)
+  // zero_grad cleared the gradient without writing it: it reads as zeros, and the first kernel to produce it writes
+  // instead of adding (materialize_grad fills the zeros for whoever reads it first).
+  bool grad_pending_zero = false;
   storage_block value_block, grad_block;  // what value and grad were allocated as (value_block empty when aliasing)
   variable_node* storage_owner = nullptr;  // holds a reference when value lives in another node's storage
   storage_block self_block;                // the node's own memory, from the same cache as tensor storage
@@ -138,11 +141,26 @@ T* allocate_grad(variable_node<T>* n, bool zero) {
   if (zero) zero_values(n->grad, n->shape.numel());
   return n->grad;
 }
+// Writes the zeros that a lazy zero_grad left pending, so that the gradient can be read or added to.
+template <class T>
+void materialize_grad(variable_node<T>* n) {
+  if (!n->grad_pending_zero) return;
+  n->grad_pending_zero = false;
+  zero_values(n->grad, n->shape.numel());
+}
+// Whether zero_grad may leave this node's gradient pending rather than fill it: a leaf whose gradient is its own
+// (not a view into another node's, as a recurrent module's parameters are into its flat array, whose kernels
+// accumulate into the whole).
+template <class T>
+bool lazy_zero_grad(const variable_node<T>* n) {
+  return n->is_leaf && !n->storage_owner;
+}
 template <class T>
 void free_grad(variable_node<T>* n) {
   free_tensor_storage(n->grad_block);
   n->grad_block = {};
   n->grad = nullptr;
+  n->grad_pending_zero = false;
 }
 
 // Scratch memory for one backward computation, returned to the cache when it goes out of scope.

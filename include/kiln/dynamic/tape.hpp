@@ -37,7 +37,10 @@ struct tape_entry {
 template <class T>
 void seed_gradient(variable_node<T>* root) {
   if (!root->grad) write_value(allocate_grad(root, false), T(1));
-  else if (root->is_leaf) write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
+  else if (root->is_leaf && root->grad_pending_zero) {
+    root->grad_pending_zero = false;
+    write_value(root->grad, T(1));
+  } else if (root->is_leaf) write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
   else write_value(root->grad, T(1));
 }
 
@@ -143,14 +146,21 @@ struct grad_target {
 template <class T>
 KILN_ALWAYS_INLINE grad_target<T> grad_target_for(variable_node<T>* n) {
   if (!n || !n->requires_grad) return {};
-  if (n->grad) return {n->grad, true};
+  if (n->grad) {
+    if (!n->grad_pending_zero) return {n->grad, true};
+    n->grad_pending_zero = false;  // cleared by zero_grad: this gradient is written, not added
+    return {n->grad, false};
+  }
   return {allocate_grad(n, false), false};
 }
 // The same, for kernels that can only add (the weight gradient of dense_backward): a fresh buffer is zero-filled.
 template <class T>
 KILN_ALWAYS_INLINE T* zeroed_grad_for(variable_node<T>* n) {
   if (!n || !n->requires_grad) return nullptr;
-  if (n->grad) return n->grad;
+  if (n->grad) {
+    materialize_grad(n);
+    return n->grad;
+  }
   return allocate_grad(n, true);
 }
 

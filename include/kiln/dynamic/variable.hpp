@@ -90,6 +90,7 @@ class basic_variable {
     if (!checked()->grad)
       fail("Variable::grad: no gradient is stored for this value of shape ", shape(),
            node_->requires_grad ? " (call backward() first; only leaves keep theirs)" : " (it does not require grad)");
+    detail::materialize_grad(node_);
     return {node_->grad, node_->shape};
   }
 
@@ -102,9 +103,13 @@ class basic_variable {
     node_->requires_grad = on;
     return *this;
   }
-  // Zero-fills the gradient buffer if there is one (kept allocated, so an optimizer's pointers stay valid).
+  // Zeroes the gradient if there is one. The buffer stays allocated, so an optimizer's pointers stay valid; a leaf's
+  // zeros are only written when something reads the gradient before a backward() has written it (as PyTorch's
+  // set_to_none saves the fill, but the gradient still reads as zeros and optimizers still step on it).
   void zero_grad() const {
-    if (checked()->grad) detail::zero_values(node_->grad, numel());
+    if (!checked()->grad) return;
+    if (detail::lazy_zero_grad(node_)) node_->grad_pending_zero = true;
+    else detail::zero_values(node_->grad, numel());
   }
   // Allocates a zero gradient if there is none yet (registration does this for parameters).
   void ensure_grad() const {
@@ -151,12 +156,14 @@ class basic_variable {
 using Variable = basic_variable<float>;
 
 // How kiln::optim optimizers see a dynamic parameter (found by ADL): its value and gradient spans and its
-// requires_grad flag as the trainable switch. The gradient must already exist (parameters get one at registration).
+// requires_grad flag as the trainable switch, and its pending-zero flag for a lazy zero_grad. The gradient must
+// already exist (parameters get one at registration).
 template <class T>
 optim::parameter_slot<T> as_parameter_slot(const basic_variable<T>& v) {
   v.ensure_grad();
   auto* n = v.node();
-  return {n->value, n->grad, n->shape.numel(), &n->requires_grad};
+  return {n->value, n->grad, n->shape.numel(), &n->requires_grad,
+          detail::lazy_zero_grad(n) ? &n->grad_pending_zero : nullptr};
 }
 
 namespace detail {

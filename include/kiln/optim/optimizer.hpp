@@ -35,8 +35,14 @@ class optimizer_base {
   bool has_parameters() const { return !slots_.empty(); }
   const std::vector<parameter_slot<T>>& slots() const { return slots_; }
 
+  // Zeroes every gradient: by its pending-zero flag where the slot has one (dynamic mode's parameters: the MNIST
+  // MLP's step saves filling 400 KiB and the weight gradient's product then writes instead of adding), else by a
+  // fill.
   void zero_grad() {
-    for (auto& s : slots_) Policy::fill(s.grad, T(0), s.size);
+    for (auto& s : slots_) {
+      if (s.grad_pending_zero) *s.grad_pending_zero = true;
+      else Policy::fill(s.grad, T(0), s.size);
+    }
   }
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
@@ -65,6 +71,10 @@ class optimizer_base {
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       auto& s = slots_[i];
       if (s.trainable && !*s.trainable) continue;
+      if (s.grad_pending_zero && *s.grad_pending_zero) {  // no gradient reached it since zero_grad
+        Policy::fill(s.grad, T(0), s.size);
+        *s.grad_pending_zero = false;
+      }
       if (regularization_.l1 != 0 || regularization_.l2 != 0)
         Policy::regularize_gradient(s.value, s.grad, s.size, T(regularization_.l1), T(regularization_.l2));
       body(s, i);

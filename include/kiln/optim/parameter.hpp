@@ -9,12 +9,16 @@ namespace kiln::optim {
 
 // One contiguous run of parameters and its gradient. Static mode hands an optimizer one slot for its whole flat
 // buffer; dynamic mode one slot per parameter tensor. trainable (optional) lets a frozen parameter be skipped.
+// grad_pending_zero (optional) lets zero_grad clear the gradient by setting the flag instead of filling it: whoever
+// produces the gradient next writes it rather than adding to it, and a step that finds the flag still set (no
+// gradient reached the parameter) fills the zeros first.
 template <class T>
 struct parameter_slot {
   T* value = nullptr;
   T* grad = nullptr;
   index_t size = 0;
   const bool* trainable = nullptr;
+  bool* grad_pending_zero = nullptr;
 };
 
 // Static mode already yields slots; dynamic mode's variables provide their own as_parameter_slot overload.

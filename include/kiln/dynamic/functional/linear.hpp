@@ -15,20 +15,24 @@ void linear_backward(const tape_entry<T>& e) {
   variable_node<T>*x = e.in[0], *w = e.in[1], *b = e.in[2];
   const T* dy = e.out->grad;
   index_t out = w->shape[0], in = w->shape[1], batch = leading_size(x->shape);
-  T* dbias = b ? zeroed_grad_for(b) : nullptr;
+  // dW and db are written where they are fresh (zero_grad left them pending: static mode's overwrite) and added to
+  // .grad otherwise; dense_backward takes one flag for both, so a fresh one beside an accumulating one is zeroed.
+  const grad_target<T> dweight = grad_target_for(w), dbias = b ? grad_target_for(b) : grad_target<T>{};
+  const bool accumulate = dweight.accumulate || dbias.accumulate;
+  if (accumulate && dweight.data && !dweight.accumulate) zero_values(dweight.data, w->shape.numel());
+  if (accumulate && dbias.data && !dbias.accumulate) zero_values(dbias.data, b->shape.numel());
   grad_target<T> dx = grad_target_for(x);
-  if (T* dweight = zeroed_grad_for(w)) {
-    // dW and db accumulate into .grad (zero after zero_grad, so the first step matches static mode's overwrite).
+  if (dweight.data) {
     if (dx.data && dx.accumulate) {
       scratch_buffer<T> scratch(x->shape.numel());
-      dense_backward<P>(x->value, w->value, dy, scratch.data(), dweight, dbias, batch, in, out, true);
+      dense_backward<P>(x->value, w->value, dy, scratch.data(), dweight.data, dbias.data, batch, in, out, accumulate);
       P::accumulate(scratch.data(), dx.data, x->shape.numel());
     } else {
-      dense_backward<P>(x->value, w->value, dy, dx.data, dweight, dbias, batch, in, out, true);
+      dense_backward<P>(x->value, w->value, dy, dx.data, dweight.data, dbias.data, batch, in, out, accumulate);
     }
   } else {
     // A frozen weight: dense_backward always forms dW, so make its two other kernel calls, with its arguments.
-    if (dbias) P::sum_rows(dy, dbias, batch, out, true);
+    if (dbias.data) P::sum_rows(dy, dbias.data, batch, out, dbias.accumulate);
     write_or_add<P>(dx, x->shape.numel(), [&](T* dst) {
       P::gemm(false, false, batch, in, out, T(1), dy, out, w->value, in, T(0), dst, in);
     });

@@ -726,10 +726,11 @@ inline bool all_zero(const float* c, index_t ldc, index_t m, index_t n) {
 inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, float alpha, const float* a,
                      index_t lda, const float* b, index_t ldb, float beta, float* c, index_t ldc, const float* bias,
                      activation act, float slope, int threads, const bf16_bits* b_packed = nullptr) {
-  // Adding to a C that holds only zeros (a weight gradient accumulated into a .grad that zero_grad just cleared)
-  // is writing it: then whole tiles go straight into C instead of through a read, an add and a write of every
-  // element (the MNIST MLP's dynamic-mode step: 185 -> 177-179 us). The scan stops at the first nonzero. The result
-  // differs from adding only in the sign of a sum that is zero (-0 stays -0, as static mode's overwrite leaves it).
+  // Adding to a C that holds only zeros (a weight gradient accumulated into a freshly registered parameter's .grad;
+  // after a zero_grad, dynamic mode passes beta = 0 itself) is writing it: then whole tiles go straight into C instead
+  // of through a read, an add and a write of every element (the MNIST MLP's dynamic-mode step, before zero_grad was
+  // lazy: 185 -> 177-179 us). The scan stops at the first nonzero. The result differs from adding only in the sign
+  // of a sum that is zero (-0 stays -0, as static mode's overwrite leaves it).
   if (beta != 0.0f && all_zero(c, ldc, m, n)) beta = 0.0f;
   amx_problem g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, act, slope, b_packed};
   if (!b_packed && !transpose_a && transpose_b && m < n) {
