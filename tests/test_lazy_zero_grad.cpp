@@ -102,7 +102,7 @@ TEST_CASE("a parameter that no gradient reaches after zero_grad is stepped as wi
   }
 }
 
-TEST_CASE("a weight cleared beside a bias that was not (or the reverse): the cleared one is written, the other added to") {
+TEST_CASE("a weight cleared beside a bias that was not, or the reverse: the cleared one is written, the other added") {
   auto fresh = small_mlp();
   nn::sum(fresh(input_batch(2))).backward();
   const auto expected = gradients_of(fresh);  // weight, bias of layer 0, then layer 2

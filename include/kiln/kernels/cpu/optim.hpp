@@ -184,7 +184,8 @@ struct optim_kernels {
         v = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v_max, v, _CMP_LT_OQ), v_max, v);
         _mm512_mask_storeu_ps(exp_avg_sq_max + i, lanes, v);
       }
-      __m512 denom = _mm512_add_ps(_mm512_maskz_sqrt_ps(__mmask16(0xFFFF), _mm512_mul_ps(v, inverse_bias_correction2)), eps);
+      const __m512 scaled = _mm512_mul_ps(v, inverse_bias_correction2);
+      __m512 denom = _mm512_add_ps(_mm512_maskz_sqrt_ps(__mmask16(0xFFFF), scaled), eps);
       // Masked-off lanes get a nonzero denominator, so that they do not send the vector to the division.
       if (lanes != 0xFFFF) denom = _mm512_mask_blend_ps(lanes, one_minus_beta1, denom);
       _mm512_mask_storeu_ps(param + i, lanes, _mm512_sub_ps(p, _mm512_mul_ps(step_size, quotient(m, denom))));
