@@ -217,6 +217,36 @@ TEST_CASE("Variable basics") {
   CHECK_THROWS_AS(nn::Variable().shape(), kiln::error);
 }
 
+TEST_CASE("Variable::borrowing reads the data in place and gives the results of a copy") {
+  manual_seed(3);
+  nn::Sequential model(nn::Linear(6, 8), nn::ReLU(), nn::Linear(8, 3));
+  random_generator rng(4);
+  Tensor<float> x(shape{5, 6});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  auto loss_and_grads = [&](const nn::Variable& input) {
+    model.zero_grad();
+    nn::Variable loss = nn::sum(model(input));
+    loss.backward();
+    std::vector<float> out{loss.item()};
+    for (auto& p : model.parameters())
+      for (index_t i = 0; i < p.numel(); ++i) out.push_back(p.grad()[i]);
+    return out;
+  };
+  const Tensor<float> saved(tensor_view<const float>(x.view()));
+  const auto copied = loss_and_grads(nn::Variable(x));
+  {
+    auto borrowed = nn::Variable::borrowing(x);
+    CHECK(borrowed.data() == x.data());
+    CHECK(borrowed.is_leaf());
+    CHECK_FALSE(borrowed.requires_grad());
+    CHECK(loss_and_grads(borrowed) == copied);
+  }
+  // The borrowed variable is gone, and the data it read is the caller's as it was (neither written nor freed: the
+  // sanitizer build would report a free of memory the variable does not own).
+  for (index_t i = 0; i < x.numel(); ++i) CHECK(x[i] == saved[i]);
+  CHECK(loss_and_grads(nn::Variable::borrowing(x.view())) == copied);
+}
+
 TEST_CASE("no_grad records nothing; dropped results leave nothing on the tape") {
   nn::Variable x(shape{2, 3}, true);
   {

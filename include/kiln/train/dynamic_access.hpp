@@ -41,7 +41,7 @@ struct model_access<M> {
                     Optimizer& opt) {
     remember_sample_shape(x);
     opt.zero_grad();
-    last_ = net(nn::Variable(x));
+    last_ = net(nn::Variable::borrowing(x));
     auto l = detail::dynamic_loss(loss, last_, y);
     l.backward();
     opt.step();
@@ -53,7 +53,7 @@ struct model_access<M> {
     nn::no_grad guard;
     bool was_training = net.is_training();
     net.eval();
-    last_ = net(nn::Variable(x));
+    last_ = net(nn::Variable::borrowing(x));
     net.train(was_training);
     return detail::dynamic_loss(loss, last_, y).item();
   }
@@ -62,7 +62,7 @@ struct model_access<M> {
     nn::no_grad guard;
     bool was_training = net.is_training();
     net.eval();
-    auto out = net(nn::Variable(x));
+    auto out = net(nn::Variable::borrowing(x));
     net.train(was_training);
     return Tensor<float>(tensor_view<const float>(out.value()));
   }

@@ -45,7 +45,7 @@ class ensemble {
       nn::no_grad guard;
       bool was_training = net.is_training();
       net.eval();
-      auto y = net(nn::Variable(x));
+      auto y = net(nn::Variable::borrowing(x));
       net.train(was_training);
       return Tensor<float>(tensor_view<const float>(y.value()));
     });
