@@ -217,6 +217,33 @@ TEST_CASE("Float Adam equals the formula with a true division, over magnitudes f
   }
 }
 
+TEST_CASE("Adam's bias corrections follow the betas and the step of each call") {
+  // adam_update keeps the last bias corrections per thread (a dynamic model's tensors share them): two optimizers with
+  // different betas at the same step, and one step count after another, must each get their own.
+  random_generator rng(23);
+  const index_t n = 40;
+  std::vector<float> param(static_cast<std::size_t>(n)), grad(param.size());
+  for (auto& v : param) v = rng.uniform<float>(-1.0f, 1.0f);
+  for (auto& v : grad) v = rng.uniform<float>(-0.5f, 0.5f);
+  struct call {
+    float beta1, beta2;
+    long long step;
+  };
+  for (const call c : {call{0.9f, 0.999f, 3}, call{0.8f, 0.99f, 3}, call{0.8f, 0.99f, 4}, call{0.9f, 0.999f, 4}}) {
+    CAPTURE(c.beta1);
+    CAPTURE(c.step);
+    const adam_step_args<float> a{1e-2f, c.beta1, c.beta2, 1e-8f, 0.0f, false, false, c.step};
+    auto p = param, m = grad, v = grad;  // some nonzero state
+    for (auto& x : v) x = x * x;
+    auto p_ref = p, m_ref = m, v_ref = v;
+    optim_kernels::adam_update(p.data(), grad.data(), m.data(), v.data(), static_cast<float*>(nullptr), n, a);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      adam_reference(p_ref[i], grad[i], m_ref[i], v_ref[i], a);
+      CHECK(same_float(p[i], p_ref[i]));
+    }
+  }
+}
+
 TEST_CASE("zero_grad's fill over a long span, split over the threads, writes every element and none outside") {
   const int saved = num_threads();
   for (int threads : {1, 2}) {

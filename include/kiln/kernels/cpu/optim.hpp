@@ -59,11 +59,9 @@ struct optim_kernels {
   static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
                           const adam_step_args<T>& a) {
     adam_step_constants<T> c;
-    const double step = static_cast<double>(a.step);
-    const T bias_correction1 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step));
-    const T bias_correction2 = T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step));
-    c.step_size = a.lr / bias_correction1;
-    c.inverse_bias_correction2 = T(1) / bias_correction2;
+    const bias_corrections<T> corrections = bias_corrections_for(a);
+    c.step_size = a.lr / corrections.first;
+    c.inverse_bias_correction2 = T(1) / corrections.second;
     c.decay = T(1) - a.lr * a.weight_decay;
     // One loop per case, so that each is free of branches and vectorises.
     const adam_decay decay = a.weight_decay == T(0)   ? adam_decay::none
@@ -99,6 +97,26 @@ struct optim_kernels {
 
  private:
   enum class adam_decay { none, l2, decoupled };
+  // 1 - beta1^step and 1 - beta2^step, computed in double as PyTorch does.
+  template <class T>
+  struct bias_corrections {
+    T beta1, beta2;
+    long long step;
+    T first, second;
+  };
+  // Every parameter tensor of a dynamic model calls adam_update with the same betas and step: the last result is kept
+  // per thread, so that the two pow calls run once per step rather than once per tensor (the ladder's tiny op, a
+  // weight and a bias: dynamic step 0.330-0.338 -> 0.296-0.306 us).
+  template <class T>
+  static bias_corrections<T> bias_corrections_for(const adam_step_args<T>& a) {
+    static thread_local bias_corrections<T> last{T(0), T(0), -1, T(0), T(0)};
+    if (last.step != a.step || last.beta1 != a.beta1 || last.beta2 != a.beta2) {
+      const double step = static_cast<double>(a.step);
+      last = {a.beta1, a.beta2, a.step, T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step)),
+              T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step))};
+    }
+    return last;
+  }
   // What one step derives from its arguments once, for every element.
   template <class T>
   struct adam_step_constants {
