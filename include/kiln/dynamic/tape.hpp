@@ -37,11 +37,12 @@ struct tape_entry {
 template <class T>
 void seed_gradient(variable_node<T>* root) {
   if (!root->grad) write_value(allocate_grad(root, false), T(1));
-  else if (root->is_leaf && root->grad_pending_zero) {
-    root->grad_pending_zero = false;
+  else if (root->is_leaf) {
+    materialize_grad(root);  // one element: a lazy zero_grad's zero, then the same add as for any leaf
+    write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
+  } else {
     write_value(root->grad, T(1));
-  } else if (root->is_leaf) write_value(root->grad, read_value(static_cast<const T*>(root->grad)) + T(1));
-  else write_value(root->grad, T(1));
+  }
 }
 
 template <class T>

@@ -447,6 +447,15 @@ inline void finish_block(const amx_problem& g, const float* acc, index_t acc_str
 
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 
+// The bytes one column tile of op(B) takes packed with all of k's chunks.
+inline index_t packed_column_tile_bytes(index_t k) {
+  return ceil_div(k, chunk_depth) * chunk_values * index_t(sizeof(bf16_bits));
+}
+// Whether `col_tiles` column tiles of op(B), with all of k, fit the L2 budget of a B packed whole.
+inline bool b_fits_whole(index_t k, index_t col_tiles) {
+  return col_tiles * packed_column_tile_bytes(k) <= b_block_bytes;
+}
+
 // Where op(B)'s column tile `tile`, chunk `chunk`, lies in a B packed whole by pack_amx_b: column tile after column
 // tile, each with all of k's chunks.
 inline index_t packed_chunk_offset(index_t k, index_t tile, index_t chunk) {
@@ -563,7 +572,7 @@ inline void amx_block_whole_b(const amx_problem& g, index_t i0, index_t i1, inde
   const index_t row_tiles = ceil_div(i1 - i0, tile_rows);
   const index_t col_tiles = ceil_div(j1 - j0, tile_rows);
   const index_t block_depth = std::min(block_chunks, chunks_total);
-  const index_t column_tile_bytes = chunks_total * chunk_values * index_t(sizeof(bf16_bits));
+  const index_t column_tile_bytes = packed_column_tile_bytes(g.k);
   const index_t block_col_tiles = std::max<index_t>(1, std::min(col_tiles, b_block_bytes / column_tile_bytes));
   const bool one_k_block = chunks_total <= block_depth;
   const index_t acc_stride = block_col_tiles * tile_rows;
@@ -649,8 +658,7 @@ inline void amx_block_by_blocks(const amx_problem& g, index_t i0, index_t i1, in
 // outside, A packed once per 160-column block, ran at 286 GFLOP/s against 343, and 232 against 625 on two threads).
 inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
   if (i0 >= i1 || j0 >= j1) return;
-  const index_t column_tile_bytes = ceil_div(g.k, chunk_depth) * chunk_values * index_t(sizeof(bf16_bits));
-  if (g.b_packed || ceil_div(j1 - j0, tile_rows) * column_tile_bytes <= b_block_bytes) {
+  if (g.b_packed || b_fits_whole(g.k, ceil_div(j1 - j0, tile_rows))) {
     amx_block_whole_b(g, i0, i1, j0, j1);
     return;
   }
@@ -693,8 +701,7 @@ inline void amx_threaded(const amx_problem& g, int threads) {
   // (the optimizer's update of a flat gradient). The MNIST MLP's weight gradient (128 x 784, k = 64) took 29 us on
   // two threads so, against 38 us split by columns as the cost above prefers, and the Adam step after it 21 us
   // against 26 us, which read half of each thread's gradient from the other core's cache.
-  const index_t b_bytes = ceil_div(g.k, chunk_depth) * chunk_values * index_t(sizeof(bf16_bits)) * col_tiles;
-  if (!g.transposed_output && b_bytes <= b_block_bytes && row_tiles >= 2 * index_t(threads)) best_tm = threads;
+  if (!g.transposed_output && b_fits_whole(g.k, col_tiles) && row_tiles >= 2 * index_t(threads)) best_tm = threads;
 #if defined(_OPENMP)
 #pragma omp parallel num_threads(threads)
   {
