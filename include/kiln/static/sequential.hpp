@@ -32,6 +32,7 @@
 #include "kiln/static/options.hpp"
 #include "kiln/static/resident.hpp"
 #include "kiln/static/shape_check.hpp"
+#include "kiln/static/step_profile.hpp"
 
 namespace kiln {
 
@@ -242,6 +243,18 @@ class Sequential {
     T value = forward_backward(resident, x, target, loss);
     update(optimizer);
     return value;
+  }
+  // The same step, with the time of each of its parts added to `profile` (see step_profile.hpp): an empty profile
+  // is sized for this model, one from another model is an error.
+  template <class Loss, class Optimizer>
+  T train_step(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+               const Loss& loss, Optimizer& optimizer, step_profile& profile) {
+    return profiled_step(x, target, loss, optimizer, profile, false);
+  }
+  template <class Loss, class Optimizer>
+  T train_step(resident_t, tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+               const Loss& loss, Optimizer& optimizer, step_profile& profile) {
+    return profiled_step(x, target, loss, optimizer, profile, true);
   }
   // A training step on a resident batch that never waits for the device: the loss is written to *loss_out in the
   // policy's memory instead of being returned. On a GPU policy nothing in it synchronises, so the whole step can be
@@ -570,6 +583,7 @@ class Sequential {
     layer_context ctx{batch, true};
     run_forward(x, ctx);
     T value = loss.template forward_backward<Policy>(output_pointer(), target, output_grad_, batch, output_shape::size);
+    if (profile_) profile_lap(profile_->loss_seconds);
     run_backward(ctx);
     return value;
   }
@@ -587,6 +601,7 @@ class Sequential {
                   "policy::cuda> for a Sequential<policy::cuda, ...>)");
     if (!optimizer.has_parameters()) optimizer.add_parameters(parameters());
     optimizer.step();
+    if (profile_) profile_lap(profile_->update_seconds);
   }
 
   // Evaluation-mode forward over any number of samples; resident: x is in the policy's memory.
@@ -641,10 +656,12 @@ class Sequential {
       using B = bound<I>;
       T* out = B::aliases_input ? const_cast<T*>(in) : activations_[I];
       bool done = false;
-      if constexpr (I > 0 && takes_next_activation<I - 1>()) {
-        if (options_.fuse_epilogues) {  // applied by layer I - 1 already: pass its output through
-          out = const_cast<T*>(in);
-          done = true;
+      if constexpr (I > 0) {  // (nested: the index I - 1 must not be formed for the first layer)
+        if constexpr (takes_next_activation<I - 1>()) {
+          if (options_.fuse_epilogues) {  // applied by layer I - 1 already: pass its output through
+            out = const_cast<T*>(in);
+            done = true;
+          }
         }
       }
       if constexpr (takes_next_activation<I>()) {
@@ -661,6 +678,7 @@ class Sequential {
       inputs_[I] = in;
       outputs_[I] = out;
       in = out;
+      if (profile_) profile_lap(profile_->forward_seconds[I]);
     });
     output_ = in;
   }
@@ -678,6 +696,7 @@ class Sequential {
                                    input_gradients_[I], grads_.data() + param_offsets[I], scratch_[I],
                                    context_of<I>(ctx));
     }
+    if (profile_) profile_lap(profile_->backward_seconds[I]);
   }
   // The context layer I sees: the pass's, with the layer's own generator if it draws.
   template <std::size_t I>
@@ -688,6 +707,35 @@ class Sequential {
   }
 
   const T* output_pointer() const { return output_; }
+
+  template <class Loss, class Optimizer>
+  T profiled_step(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
+                  const Loss& loss, Optimizer& optimizer, step_profile& profile, bool resident_batch) {
+    index_t batch = check_input(x, "Sequential::train_step");
+    check_target<Loss>(target, batch);
+    std::vector<std::string> layers;
+    for (auto& row : summary_rows()) layers.push_back(row.name);
+    detail::prepare_profile(profile, layers);
+    struct detach {  // the model stops timing when the step ends, also by an exception
+      step_profile*& slot;
+      ~detach() { slot = nullptr; }
+    } stop{profile_};
+    Policy::synchronize();
+    profile_clock_.start();
+    profile_ = &profile;
+    const T* staged_x = resident_batch ? x.data() : stage_input(x, batch);
+    const auto* staged_target = resident_batch ? target.data() : stage_target(target);
+    profile_lap(profile.staging_seconds);
+    T value = forward_backward_batch(staged_x, staged_target, batch, loss);
+    update(optimizer);
+    ++profile.steps;
+    return value;
+  }
+  // Adds the time since the previous lap of a profiled step to `slot`, once the policy's work so far has finished.
+  void profile_lap(double& slot) {
+    Policy::synchronize();
+    profile_clock_.lap(slot);
+  }
 
   index_t check_input(const tensor_view<const T>& x, const char* where) const {
     if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
@@ -731,6 +779,8 @@ class Sequential {
     return flags;
   }();
   bool any_frozen_ = false;
+  step_profile* profile_ = nullptr;  // set during a profiled train_step
+  detail::profile_clock profile_clock_;
 };
 
 }  // namespace kiln

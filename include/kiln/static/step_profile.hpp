@@ -1,0 +1,95 @@
+// kiln::step_profile: where a static model's training steps spend their time, layer by layer.
+//
+// Sequential::train_step(x, target, loss, optimizer, profile) runs the same step as train_step without it (the same
+// kernels, the same bits) and adds the time of each part to the profile: staging the batch into the policy's memory,
+// each layer's forward and backward, the loss with its gradient, and the optimizer's update. The parts are timed
+// with a wall clock read between them, after Policy::synchronize(): on a GPU policy that waits for every kernel, so a
+// profiled step runs without the overlap of an unprofiled one and takes longer; on the CPU it costs one clock read per
+// part. With fused epilogues (static_options::fuse_epilogues), an activation that runs inside the layer before it is
+// timed there, and its own forward shows the time of passing the output through (about zero).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kiln/core/error.hpp"
+
+namespace kiln {
+
+// Seconds per part of a training step, summed over `steps` profiled steps.
+struct step_profile {
+  std::vector<std::string> layers;  // the layers' descriptions, as summary() prints them
+  std::vector<double> forward_seconds, backward_seconds;
+  double staging_seconds = 0, loss_seconds = 0, update_seconds = 0;
+  long long steps = 0;
+
+  // Mean microseconds per step.
+  double per_step_us(double seconds) const { return steps > 0 ? seconds * 1e6 / double(steps) : 0.0; }
+  double total_seconds() const {
+    double total = staging_seconds + loss_seconds + update_seconds;
+    for (double s : forward_seconds) total += s;
+    for (double s : backward_seconds) total += s;
+    return total;
+  }
+  // Starts over (the layers stay).
+  void reset() {
+    std::fill(forward_seconds.begin(), forward_seconds.end(), 0.0);
+    std::fill(backward_seconds.begin(), backward_seconds.end(), 0.0);
+    staging_seconds = loss_seconds = update_seconds = 0;
+    steps = 0;
+  }
+  // A table of the mean microseconds per step of every part, and each part's share of the step.
+  void print(std::ostream& out) const {
+    const double total = total_seconds();
+    auto row = [&](const std::string& part, double seconds) {
+      char line[160];
+      std::snprintf(line, sizeof line, "  %-36s %10.2f us %6.1f%%\n", part.c_str(), per_step_us(seconds),
+                    total > 0 ? 100.0 * seconds / total : 0.0);
+      out << line;
+    };
+    out << "step profile, mean over " << steps << " steps:\n";
+    row("staging the batch", staging_seconds);
+    for (std::size_t i = 0; i < layers.size(); ++i) row("forward  " + layers[i], forward_seconds[i]);
+    row("loss and its gradient", loss_seconds);
+    for (std::size_t i = layers.size(); i-- > 0;) row("backward " + layers[i], backward_seconds[i]);
+    row("optimizer update", update_seconds);
+    row("total", total);
+  }
+};
+
+namespace detail {
+// The clock a profiled step reads between its parts: each lap adds the time since the previous one to a slot.
+class profile_clock {
+ public:
+  void start() { last_ = std::chrono::steady_clock::now(); }
+  void lap(double& slot) {
+    const auto now = std::chrono::steady_clock::now();
+    slot += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_;
+};
+
+// Makes `profile` fit a model with these layers: sized on first use, checked after.
+inline void prepare_profile(step_profile& profile, const std::vector<std::string>& layers) {
+  if (profile.layers.empty() && profile.steps == 0) {
+    profile.layers = layers;
+    profile.forward_seconds.assign(layers.size(), 0.0);
+    profile.backward_seconds.assign(layers.size(), 0.0);
+    return;
+  }
+  if (profile.layers != layers || profile.forward_seconds.size() != layers.size() ||
+      profile.backward_seconds.size() != layers.size())
+    fail("Sequential::train_step: expected a step_profile of this model's ", layers.size(),
+         " layers (or a new one), found one of ", profile.layers.size(), " layers",
+         profile.layers.empty() ? "" : " starting with " + profile.layers.front());
+}
+}  // namespace detail
+
+}  // namespace kiln
