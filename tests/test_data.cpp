@@ -65,6 +65,9 @@ TEST_CASE("idx: bad files raise kiln::error with the file name and byte offset")
   check_error([] { read_idx(write_file("big-idx3.gz", gzip(idx({60000, 65535, 65535}, 100)))); },
               {"big-idx3.gz", "byte offset 16", "truncated"});
   check_error([] { read_idx(write_file("big-idx3", idx({60000, 65535, 65535}, 100))); }, {"big-idx3", "byte offset 16"});
+  // Nothing in it, but a row of 2^64 - 2^33 + 1 elements: every size computed from it after would overflow.
+  check_error([] { read_idx(write_file("zero-huge-idx3", idx({0, 4294967295u, 4294967295u}, 0))); },
+              {"zero-huge-idx3", "byte offset 4", "nonzero extents"});
   check_error([] { read_idx(temp_dir() / "no-such-file"); }, {"no-such-file"});
   check_error([] { read_idx(temp_dir()); }, {"directory"});
 }
@@ -229,6 +232,8 @@ TEST_CASE("npy: unsupported or broken files raise kiln::error with file and byte
               {"garbage.npy", "byte offset", "True or False"});
   check_error([&] { read_npy<float>(write_file("huge.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", 0))); },
               {"huge.npy", "byte offset"});
+  check_error([&] { read_npy<float>(write_file("zerohuge.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 281474976710656, 281474976710656), }", 0))); },
+              {"zerohuge.npy", "byte offset", "nonzero extents"});
   check_error([&] { read_npy<float>(write_file("bigdecl.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 100000), }", 8))); },
               {"bigdecl.npy", "byte offset 128", "truncated"});
   bytes header_cut = npy(ok, 24);

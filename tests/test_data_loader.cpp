@@ -203,3 +203,26 @@ TEST_CASE("transforms: labels and shapes kept, values plausible, deterministic p
   CHECK(std::sqrt(sum2 / 10000) == doctest::Approx(0.5).epsilon(0.05));
   CHECK_THROWS_AS(random_shift{1}(Tensor<float>(shape{4}).view(), ctx), kiln::error);
 }
+
+TEST_CASE("data_loader: a batch or a prefetch depth beyond the data set plans for the data set") {
+  auto d = numbered(7);
+  // Buffers were sized by the numbers asked for: 2^40 rows (or 2^30 slots) of 20 floats each.
+  for (auto [batch, prefetch] : {std::pair<index_t, int>{index_t{1} << 40, 0}, {index_t{1} << 40, 2}, {3, 1 << 30}}) {
+    data_loader loader(d, {.batch_size = batch, .seed = 1, .prefetch = prefetch});
+    auto r = run_epoch(loader, 0);
+    CHECK(r.samples.size() == 7u);
+    CHECK(std::set<index_t>(r.samples.begin(), r.samples.end()).size() == 7u);
+    CHECK(r.sizes.front() == std::min<index_t>(batch, 7));
+  }
+}
+
+TEST_CASE("transforms: parameters that cannot work are refused") {
+  Tensor<float> image(shape{4, 5}, 1.0f);
+  transform_context ctx;
+  CHECK_THROWS_WITH_AS(random_shift{-2}(image.view(), ctx), doctest::Contains("pad in [0, 2^30]"), kiln::error);
+  CHECK_THROWS_WITH_AS((normalize{0.5f, 0.0f}(image.view(), ctx)), doctest::Contains("positive, finite std"),
+                       kiln::error);
+  CHECK_THROWS_AS((normalize{std::nanf(""), 1.0f}(image.view(), ctx)), kiln::error);
+  CHECK_THROWS_WITH_AS(gaussian_noise{-1.0f}(image.view(), ctx), doctest::Contains("std >= 0"), kiln::error);
+  for (float v : image.span()) CHECK(v == 1.0f);  // refused before touching the sample
+}

@@ -1,6 +1,7 @@
 // Static mode: compile-time shapes, planned workspace, flat parameters, training.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/kiln.hpp"
@@ -44,4 +45,23 @@ TEST_CASE("static MLP learns a regression") {
   float last = first;
   for (int step = 0; step < 300; ++step) last = net.train_step(x, y, loss::mse{}, opt);
   CHECK(last < 0.05f * first);
+}
+
+TEST_CASE("static model whose first layer is an activation") {
+  // The pass-through test for a fused activation looked at the layer before the first one, which does not exist:
+  // this model did not compile once forward was used.
+  using Net = Sequential<policy::cpu, Input<5>, ReLU, Dense<3>>;
+  Net net(4, 11);
+  Tensor<float> x(shape{2, 5}, {-1, 2, -3, 4, -5, 1, -2, 3, -4, 5});
+  auto y = net.predict(x);
+  auto state = net.state_dict();
+  REQUIRE(state.size() == 2);
+  const Tensor<float>& weight = state[0].second;  // (3, 5)
+  const Tensor<float>& bias = state[1].second;
+  for (index_t s = 0; s < 2; ++s)
+    for (index_t o = 0; o < 3; ++o) {
+      double expected = bias[o];
+      for (index_t i = 0; i < 5; ++i) expected += double(weight.at(o, i)) * std::max(0.0, double(x.at(s, i)));
+      CHECK(y.at(s, o) == doctest::Approx(expected).epsilon(1e-5));
+    }
 }

@@ -226,3 +226,68 @@ TEST_CASE("Model::fit gives the same history in static and dynamic mode") {
   CHECK(ha.series("loss") == hb.series("loss"));
   CHECK(ha.series("accuracy") == hb.series("accuracy"));
 }
+
+TEST_CASE("fit and evaluate refuse data they cannot use") {
+  auto train = make_blobs(100, 1);
+  Net net(32, 7);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{});
+  // Fewer labels than inputs once read past the labels' end; more were silently ignored.
+  Tensor<std::int64_t> fewer(shape{50}), more(shape{150});
+  CHECK_THROWS_WITH_AS(model.fit(train.x, fewer, {.verbose = 0}), doctest::Contains("as many targets as inputs (100)"),
+                       kiln::error);
+  CHECK_THROWS_AS(model.fit(train.x, more, {.verbose = 0}), kiln::error);
+  // No samples: a loss over nothing read as 0, a perfect score to EarlyStopping.
+  Tensor<float> no_x(shape{0, 4});
+  Tensor<std::int64_t> no_y(shape{0});
+  CHECK_THROWS_WITH_AS(model.evaluate(no_x, no_y), doctest::Contains("at least one sample"), kiln::error);
+  CHECK_THROWS_AS(model.fit(no_x, no_y, {.verbose = 0}), kiln::error);
+  CHECK_THROWS_AS(model.fit(train.x, train.y, {.validation_data = labelled_data{no_x, no_y}, .verbose = 0}),
+                  kiln::error);
+  // A validation split outside [0, 1), NaN included, was ignored below 0.
+  for (double split : {-0.5, std::nan(""), 1.0})
+    CHECK_THROWS_WITH_AS(model.fit(train.x, train.y, {.validation_split = split, .verbose = 0}),
+                         doctest::Contains("validation_split in [0, 1)"), kiln::error);
+}
+
+TEST_CASE("evaluate leaves a static model in the mode it found it") {
+  auto test = make_blobs(40, 2);
+  Net net(32, 7);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{});
+  net.eval();
+  model.evaluate(test.x, test.y);
+  CHECK_FALSE(net.is_training());
+  net.train();
+  model.evaluate(test.x, test.y);
+  CHECK(net.is_training());
+}
+
+TEST_CASE("EarlyStopping's patience counts epochs as Keras does, and a stop after a batch ends the epoch there") {
+  auto train = make_blobs(64, 5);
+  Net net(32, 1);
+  Model model(net);
+  model.compile(optim::SGD({.lr = 0.0}), loss::cross_entropy{});
+  // The monitored value improves at epoch 0 only: Keras stops at epoch `patience`.
+  auto monitored = std::make_shared<train::LambdaCallback>();
+  monitored->epoch_end = [](int epoch, train::logs& l, train::training_control&) {
+    l.set("m", epoch == 0 ? 1.0 : 2.0);
+  };
+  for (int patience : {0, 1, 2, 3}) {
+    auto stopper = std::make_shared<train::EarlyStopping>(train::EarlyStopping::options{.monitor = "m",
+                                                                                       .patience = patience});
+    auto history =
+        model.fit(train.x, train.y, {.epochs = 10, .batch_size = 16, .callbacks = {monitored, stopper}, .verbose = 0});
+    CHECK(stopper->stopped_epoch() == std::max(1, patience));
+    CHECK(history.size() == static_cast<std::size_t>(std::max(1, patience) + 1));
+  }
+  auto stop_now = std::make_shared<train::LambdaCallback>();
+  long long batches = 0;
+  stop_now->batch_end = [&](long long, const train::logs&, train::training_control& c) {
+    ++batches;
+    if (batches == 2) c.request_stop();
+  };
+  auto history = model.fit(train.x, train.y, {.epochs = 3, .batch_size = 16, .callbacks = {stop_now}, .verbose = 0});
+  CHECK(batches == 2);
+  CHECK(history.size() == 1);
+}

@@ -11,6 +11,7 @@
 // So the batches are the same whatever the prefetch depth, the thread count or the timing.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -73,10 +74,15 @@ class data_loader {
     if (options_.threads < 1) options_.threads = 1;
     const index_t n = data.size();
     order_.resize(static_cast<std::size_t>(n));
-    shape xs{options_.batch_size}, ys{options_.batch_size};
+    // No batch holds more rows than the data set has, and no epoch has more batches to prefetch than it has
+    // batches: a batch_size or prefetch far beyond the data (a "whole data set in one batch" 1 << 40) plans buffers
+    // for what can happen, not for the number asked.
+    const index_t rows = std::min(options_.batch_size, std::max<index_t>(n, 1));
+    const index_t slots = std::min<index_t>(options_.prefetch, batches_per_epoch()) + 1;
+    shape xs{rows}, ys{rows};
     for (index_t e : data.sample_shape()) xs.push_back(e);
     for (index_t e : data.label_shape()) ys.push_back(e);
-    slots_.resize(static_cast<std::size_t>(options_.prefetch + 1));
+    slots_.resize(static_cast<std::size_t>(slots));
     for (auto& s : slots_) {
       s.x = Tensor<feature_type>(xs);
       s.y = Tensor<label_type>(ys);

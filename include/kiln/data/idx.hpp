@@ -49,16 +49,20 @@ inline Tensor<std::uint8_t> read_idx(const std::filesystem::path& path) {
   unsigned char dims[4 * shape::max_rank];
   in.read_exact(dims, static_cast<std::size_t>(4 * rank), "IDX dimensions");
   shape s;
-  std::uint64_t count = 1;
+  std::uint64_t count = 1, nonzero_product = 1;
   bool overflow = false;
   for (int d = 0; d < rank; ++d) {
     std::uint32_t extent = detail::big_endian_u32(dims + 4 * d);
     s.push_back(static_cast<index_t>(extent));
-    if (extent != 0 && count > (std::uint64_t{1} << 48) / extent) overflow = true;
+    // Zeros left out: [0, 2^32 - 1, 2^32 - 1] holds nothing, but a row of it would overflow every size after.
+    if (extent != 0 && nonzero_product > (std::uint64_t{1} << 48) / extent) overflow = true;
+    if (extent != 0) nonzero_product *= extent;
     count *= extent;
   }
   const std::uint64_t header = 4 + 4 * static_cast<std::uint64_t>(rank);
-  if (overflow) in.fail_at(4, "the header declares dimensions ", s, ": more than 2^48 elements, not a real data set");
+  if (overflow)
+    in.fail_at(4, "the header declares dimensions ", s,
+               ": their nonzero extents multiply past 2^48, not a real data set");
   if (auto size = in.known_size(); size && *size != header + count)
     in.fail_at(header, "the header declares dimensions ", s, " = ", count, " bytes of data after the ", header,
                "-byte header, but the file holds ", *size - header, " (file size ", *size, ", expected ", header + count,

@@ -122,8 +122,10 @@ class npy_dict_parser {
       }
       if (s.rank() == shape::max_rank) error("more than ", shape::max_rank, " dimensions");
       s.push_back(static_cast<index_t>(v));
-      if (v != 0 && product > (std::uint64_t{1} << 48) / v) error("the shape ", s, " has more than 2^48 elements");
-      product *= v;
+      // Zeros left out: (0, 2**40, 2**40) holds nothing, but a row of it would overflow every size after.
+      if (v != 0 && product > (std::uint64_t{1} << 48) / v)
+        error("the shape ", s, " has nonzero extents that multiply past 2^48");
+      if (v != 0) product *= v;
       skip_space();
       if (peek() == 'L') ++pos_;  // Python 2 long suffix
       skip_space();

@@ -9,6 +9,7 @@
 #include <functional>
 #include <numbers>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,10 @@ struct normalize {
   float mean = 0.0f, std = 1.0f;
   template <class T>
   void operator()(tensor_view<T> x, transform_context&) const {
+    static_assert(std::is_floating_point_v<T>,
+                  "kiln::data::normalize: expected floating-point samples (integer ones would truncate the result)");
+    if (!(std > 0.0f) || !std::isfinite(std) || !std::isfinite(mean))
+      fail("normalize: expected a finite mean and a positive, finite std, found mean ", mean, " and std ", std);
     const T m = static_cast<T>(mean), inv = static_cast<T>(1.0f / std);
     for (T& v : x.span()) v = (v - m) * inv;
   }
@@ -61,6 +66,7 @@ struct random_shift {
   template <class T>
   void operator()(tensor_view<T> x, transform_context& ctx) const {
     auto [channels, h, w] = detail::image_dims_of(x.shape(), "random_shift");
+    if (pad < 0 || pad > (index_t{1} << 30)) fail("random_shift: expected pad in [0, 2^30], found ", pad);
     const auto span = static_cast<std::uint64_t>(2 * pad + 1);
     const index_t dy = static_cast<index_t>(ctx.rng.below(span)) - pad;  // crop offset - pad
     const index_t dx = static_cast<index_t>(ctx.rng.below(span)) - pad;
@@ -135,6 +141,9 @@ struct gaussian_noise {
   float std = 0.1f;
   template <class T>
   void operator()(tensor_view<T> x, transform_context& ctx) const {
+    static_assert(std::is_floating_point_v<T>,
+                  "kiln::data::gaussian_noise: expected floating-point samples (noise on integers would wrap around)");
+    if (!(std >= 0.0f) || !std::isfinite(std)) fail("gaussian_noise: expected a finite std >= 0, found ", std);
     // Box-Muller in float, using both outputs of each pair of 24-bit uniforms: noise needs no double precision, and
     // this is about 3x faster than one double-precision normal() per element.
     T* v = x.data();

@@ -122,7 +122,8 @@ class EarlyStopping : public callback {
       if (options_.restore_best_weights) best_weights_ = control.weights();
       return;
     }
-    if (++wait_ > options_.patience) {
+    // As Keras: the patience-th epoch in a row without improvement is the last (patience 1 stops at the first).
+    if (++wait_ >= options_.patience) {
       stopped_epoch_ = epoch;
       control.request_stop();
       if (options_.restore_best_weights && !best_weights_.empty()) control.set_weights(best_weights_);

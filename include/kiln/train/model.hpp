@@ -140,9 +140,9 @@ class Model {
   train::history fit(const Dataset& dataset, fit_options<typename Dataset::label_type> options = {}) {
     using Target = typename Dataset::label_type;
     labelled_data<Target> data(dataset);
+    check_data(data, "fit");
+    check_validation_split(options.validation_split);
     if (!options.validation_data && options.validation_split > 0) {
-      if (options.validation_split >= 1)
-        fail("Model::fit: expected validation_split in [0, 1), found ", options.validation_split);
       index_t n = data.size();
       index_t held = static_cast<index_t>(static_cast<double>(n) * options.validation_split);
       if (held < 1 || held >= n)
@@ -158,8 +158,9 @@ class Model {
   template <data::dataset Dataset>
     requires(!std::constructible_from<labelled_data<typename Dataset::label_type>, const Dataset&>)
   train::history fit(const Dataset& dataset, fit_options<typename Dataset::label_type> options = {}) {
-    if (options.validation_split > 0)
+    if (options.validation_split != 0)
       fail("Model::fit: validation_split needs a data set held in memory; pass validation_data instead");
+    if (dataset.size() < 1) fail("Model::fit: expected at least one training sample, found an empty data set");
     return fit_loader(dataset, options);
   }
 
@@ -317,6 +318,7 @@ class Model {
           if (options.verbose > 0) bar.update(step + 1, step_logs);
           for (auto& cb : options.callbacks) cb->on_batch_end(step, step_logs, control_impl);
         }
+        if (stop_requested_) break;  // as Keras: a stop asked for after a batch ends the epoch there
       }
       train::logs epoch_logs;
       epoch_logs.set("loss", seen ? loss_sum / double(seen) : 0.0);
@@ -377,6 +379,12 @@ class Model {
     if (d.y.rank() < 1 || d.y.extent(0) != d.x.extent(0))
       fail("Model::", where, ": expected as many targets as inputs (", d.x.extent(0), "), found targets of shape ",
            d.y.shape());
+    // A loss over no samples would read as 0, a perfect score to EarlyStopping and ModelCheckpoint.
+    if (d.x.extent(0) < 1) fail("Model::", where, ": expected at least one sample, found inputs of shape ", d.x.shape());
+  }
+  static void check_validation_split(double split) {
+    if (!(split >= 0 && split < 1))  // also NaN
+      fail("Model::fit: expected validation_split in [0, 1), found ", split);
   }
 
   Net& net_;

@@ -31,9 +31,12 @@ struct model_access<Sequential<Policy, InputSpec, Layers...>> {
   }
   template <class Loss, class Target>
   static float eval_batch(net_type& net, tensor_view<const float> x, tensor_view<const Target> y, const Loss& loss) {
+    // Keeps the mode the user left the model in (as dynamic mode and predict do): after net.eval(), a fit's
+    // validation must not switch dropout and batch normalisation back to training for what follows.
+    const bool was_training = net.is_training();
     net.eval();
     float value = net.loss_value(x, y, loss);
-    net.train();
+    net.train(was_training);
     return value;
   }
   // The output of the last train_batch or eval_batch, readable on the host (downloaded on a GPU policy).
