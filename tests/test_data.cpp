@@ -138,6 +138,13 @@ TEST_CASE("csv: bad cells and ragged rows name the file, line and column") {
   check_error([&] { read_csv(write_text("index.csv", "a,b\n1,2\n"), {.label = 5}); }, {"index.csv", "5"});
   check_error([&] { read_csv(temp_dir() / "missing.csv"); }, {"missing.csv"});
   check_error([&] { read_csv(write_text("empty.csv", "")); }, {"empty.csv:1"});
+  check_error([&] { read_csv(write_text("plusminus.csv", "a,b\n1,+-1\n")); }, {"plusminus.csv:2", "expected a number"});
+  check_error([&] { read_csv<float>(write_text("huge.csv", "a,b\n1,3.5e38\n")); },
+              {"huge.csv:2", "column 2", "out of the range of float"});
+  // Below the smallest float reads as zero, as NumPy reads it; a single leading plus is allowed.
+  auto tiny = read_csv<float>(write_text("tiny.csv", "a,b\n+2,1e-50\n"), {.label = std::string("a")});
+  CHECK(tiny.labels[0] == 2.0f);
+  CHECK(tiny.features[0] == 0.0f);
 }
 
 TEST_CASE("csv: the time series in shared/data") {
@@ -273,6 +280,7 @@ TEST_CASE("mnist: real files when the data directory is found") {
   }
   auto test = load_mnist(dir, split::test);
   REQUIRE(test.size() == 10000);
+  check_error([&] { load_mnist(dir, split::test, {.limit = -1}); }, {"limit >= 0", "-1"});
   CHECK(test.sample_shape() == shape{28, 28});
   CHECK(test.label_shape() == shape{});
   std::vector<int> counts(10, 0);

@@ -244,6 +244,7 @@ TEST_CASE("fit and evaluate refuse data they cannot use") {
   CHECK_THROWS_AS(model.fit(no_x, no_y, {.verbose = 0}), kiln::error);
   CHECK_THROWS_AS(model.fit(train.x, train.y, {.validation_data = labelled_data{no_x, no_y}, .verbose = 0}),
                   kiln::error);
+  CHECK_THROWS_WITH_AS(metric::top_k_accuracy(0), doctest::Contains("k >= 1"), kiln::error);
   // A validation split outside [0, 1), NaN included, was ignored below 0.
   for (double split : {-0.5, std::nan(""), 1.0})
     CHECK_THROWS_WITH_AS(model.fit(train.x, train.y, {.validation_split = split, .verbose = 0}),

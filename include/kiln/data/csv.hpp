@@ -3,9 +3,12 @@
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -187,8 +190,17 @@ csv_table<T> read_csv(const std::filesystem::path& path, const csv_options& opti
   auto parse = [&](const std::string& cell, std::size_t column) -> T {
     std::string_view s = detail::trim(cell);
     T value{};
-    if (!s.empty() && s.front() == '+') s.remove_prefix(1);  // from_chars rejects a leading plus
+    // from_chars rejects a leading plus; one is allowed, before a digit or a point ("+-1" is not a number).
+    if (s.size() > 1 && s.front() == '+' && s[1] != '-' && s[1] != '+') s.remove_prefix(1);
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec == std::errc::result_out_of_range && end == s.data() + s.size()) {
+      // Too small in magnitude reads as the nearest float, zero or subnormal, as NumPy reads it; too large is an error.
+      const double wide = std::strtod(std::string(s).c_str(), nullptr);
+      if (std::isinf(wide) || std::fabs(wide) > double(std::numeric_limits<T>::max()))
+        fail(file, ":", scanner.record_line(), ": column ", column + 1, " ('", table.column_names[column],
+             "'): the number '", cell, "' is out of the range of ", sizeof(T) == 4 ? "float" : "double");
+      return static_cast<T>(wide);
+    }
     if (s.empty() || ec != std::errc() || end != s.data() + s.size())
       fail(file, ":", scanner.record_line(), ": column ", column + 1, " ('", table.column_names[column],
            "'): expected a number, found '", cell, "'");

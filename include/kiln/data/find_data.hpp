@@ -34,6 +34,10 @@ inline std::filesystem::path find_data_dir(const std::string& subdir, const std:
   std::vector<std::pair<std::string, fs::path>> tried;  // (why, where)
   auto try_dir = [&](std::string why, const fs::path& dir) -> bool {
     std::error_code ec;
+    // The walk up from the executable can reach the same place twice (at the root): list it once.
+    const fs::path normal = dir.lexically_normal();
+    for (const auto& [earlier_why, earlier] : tried)
+      if (earlier.lexically_normal() == normal) return false;
     tried.emplace_back(std::move(why), dir);
     return fs::is_directory(dir, ec);
   };

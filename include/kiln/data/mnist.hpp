@@ -54,6 +54,7 @@ inline tensor_dataset<float, std::int64_t> load_mnist(const std::filesystem::pat
     fail(label_path.string(), ": at byte offset 4: holds ", bytes.extent(0), " labels but ", image_path.string(),
          " holds ", pixels.extent(0), " images");
   index_t n = pixels.extent(0);
+  if (options.limit < 0) fail("load_mnist: expected mnist_options::limit >= 0 (0: all samples), found ", options.limit);
   if (options.limit > 0 && options.limit < n) n = options.limit;
   if (options.std == 0.0f) fail("load_mnist: mnist_options::std must not be zero");
 

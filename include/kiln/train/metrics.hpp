@@ -43,7 +43,10 @@ struct metric_spec {
 // Fraction of samples whose highest output is the label (one output: positive logit means class 1).
 inline constexpr metric_spec accuracy{metric_spec::kind::accuracy, 1};
 // Fraction of samples whose label is among the k highest outputs.
-inline metric_spec top_k_accuracy(int k) { return {metric_spec::kind::top_k_accuracy, k}; }
+inline metric_spec top_k_accuracy(int k) {
+  if (k < 1) fail("top_k_accuracy: expected k >= 1, found ", k);
+  return {metric_spec::kind::top_k_accuracy, k};
+}
 // Mean squared error against real targets.
 inline constexpr metric_spec mse{metric_spec::kind::mse, 1};
 // Mean absolute error against real targets.
