@@ -3,7 +3,9 @@
 // ModelCheckpoint writes real files.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -62,9 +64,10 @@ void train(const data_set& d, random_generator& rng, int first, int last, std::v
   }
 }
 
+// at: the step the checkpoint is saved at (0: before the first step, when the optimizer has no state yet).
 template <class Opt, class Options>
-void check_static_resume(Options options) {
-  const int total = 12, at = 5;
+void check_static_resume(Options options, int at = 5) {
+  const int total = 12;
   data_set d;
   auto path = temp_path("static.ckpt");
   std::vector<float> uninterrupted, resumed;
@@ -105,8 +108,8 @@ void check_static_resume(Options options) {
 }
 
 template <class Opt, class Options>
-void check_dynamic_resume(Options options) {
-  const int total = 12, at = 5;
+void check_dynamic_resume(Options options, int at = 5) {
+  const int total = 12;
   data_set d;
   auto path = temp_path("dynamic.ckpt");
   auto step = [](nn::Sequential& model, Opt& opt) {
@@ -158,6 +161,89 @@ TEST_CASE("dynamic mode: resuming from a checkpoint reproduces the uninterrupted
   SUBCASE("SGD with Nesterov momentum") {
     check_dynamic_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9, .nesterov = true});
   }
+}
+
+TEST_CASE("a checkpoint saved before the first step (the start of training) resumes exactly") {
+  SUBCASE("static Adam") { check_static_resume<optim::Adam>(optim::adam_options{.lr = 1e-2}, 0); }
+  SUBCASE("static AdamW") { check_static_resume<optim::AdamW>(optim::adamw_options{.lr = 1e-2}, 0); }
+  SUBCASE("static SGD") { check_static_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9}, 0); }
+  SUBCASE("dynamic Adam") { check_dynamic_resume<optim::Adam>(optim::adam_options{.lr = 1e-2}, 0); }
+  SUBCASE("dynamic AdamW") { check_dynamic_resume<optim::AdamW>(optim::adamw_options{.lr = 1e-2}, 0); }
+  SUBCASE("dynamic SGD") { check_dynamic_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9}, 0); }
+}
+
+TEST_CASE("checkpoints: nonsense counts and learning rates are refused, and a refused load changes nothing") {
+  static_net net(8, 3);
+  optim::Adam opt({.lr = 0.003});
+  Tensor<float> x(shape{8, 6}, 0.5f);
+  Tensor<std::int64_t> y(shape{8}, 1);
+  net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  auto base = temp_path("base.ckpt");
+  io::save_checkpoint(base, net, opt);
+  auto with_step = [&](std::int64_t step) {
+    auto file = io::read_safetensors(base);
+    for (auto& t : file.tensors)
+      if (t.name == "optimizer.step")
+        for (std::size_t i = 0; i < t.bytes.size(); i += 8) std::memcpy(t.bytes.data() + i, &step, 8);
+    return file;
+  };
+  auto with_meta = [&](const std::string& key, const std::string& value) {
+    auto file = io::read_safetensors(base);
+    file.set_meta(key, value);
+    return file;
+  };
+  struct bad_case {
+    const char* what;
+    io::st_file file;
+    const char* message;
+  };
+  const bad_case cases[] = {
+      {"step INT64_MAX (step + 1 overflows)", with_step(std::numeric_limits<std::int64_t>::max()), "optimizer.0.step"},
+      {"negative step", with_step(-1), "optimizer.0.step"},
+      {"lr nan", with_meta("optimizer.lr", "nan"), "finite optimizer.lr"},
+      {"lr inf", with_meta("optimizer.lr", "inf"), "finite optimizer.lr"},
+      {"negative lr", with_meta("optimizer.lr", "-0.1"), "optimizer.lr >= 0"},
+      {"negative steps_taken", with_meta("optimizer.steps_taken", "-5"), "optimizer.steps_taken"},
+      {"bad epoch", with_meta("epoch", "notanumber"), "'epoch'"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    auto path = temp_path("bad.ckpt");
+    io::write_safetensors(path, c.file);
+    static_net fresh(8, 4);
+    auto before = fresh.state_dict();
+    optim::Adam fresh_opt;
+    CHECK_THROWS_WITH_AS(io::load_checkpoint(path, fresh, fresh_opt), doctest::Contains(c.message), error);
+    CHECK(!fresh_opt.has_parameters());  // not even given the model's parameters
+    CHECK(fresh_opt.lr() == optim::adam_options{}.lr);
+    CHECK(fresh.state_dict()[0].second[0] == before[0].second[0]);
+  }
+}
+
+TEST_CASE("checkpoints: user metadata in the checkpoint's own namespaces is refused at save time") {
+  static_net net(8, 3);
+  optim::Adam opt({.lr = 0.003});
+  for (const char* key : {"rng.notes", "optimizer", "optimizer.lr", "optimizer.comment", "epoch", "step", "kiln.x"}) {
+    CAPTURE(key);
+    auto path = temp_path("reserved.ckpt");
+    fs::remove(path);
+    CHECK_THROWS_WITH_AS(io::save_checkpoint(path, net, opt, {.metadata = {{key, "v"}}}),
+                         doctest::Contains("namespace"), error);
+    CHECK(!fs::exists(path));
+  }
+  random_generator g(5);
+  CHECK_THROWS_WITH_AS(io::save_checkpoint(temp_path("gen.ckpt"), net, opt, {.generators = {{"d", g.state()},
+                                                                                            {"d", g.state()}}}),
+                       doctest::Contains("'d' twice"), error);
+  // Keys beside the namespaces round-trip, "optimizer_comment" included.
+  auto path = temp_path("user_meta.ckpt");
+  io::save_checkpoint(path, net, opt, {.metadata = {{"optimizer_comment", "keep me"}, {"note", "n"}}});
+  static_net other(8, 4);
+  optim::Adam other_opt;
+  auto state = io::load_checkpoint(path, other, other_opt);
+  REQUIRE(state.meta("optimizer_comment"));
+  CHECK(*state.meta("optimizer_comment") == "keep me");
+  CHECK(*state.meta("note") == "n");
 }
 
 TEST_CASE("checkpoints: metadata, weights readable by load_weights, and refusals that change nothing") {

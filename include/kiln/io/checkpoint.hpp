@@ -12,13 +12,19 @@
 // the optimizer's parameter list) and "optimizer.step" (I64, Adam); everything else in __metadata__ ("kiln.format"
 // = "checkpoint", "epoch", "step", "optimizer", "optimizer.lr", "optimizer.steps_taken", "optimizer.slot_sizes",
 // "rng.<name>" = "seed stream position", the model's k-th as "rng.model.<k>"; version 1 had one "rng.model" for all).
+// These names, and all of "optimizer.*", "rng.*" and "kiln.*", are the checkpoint's own: save_checkpoint refuses user
+// metadata keys among them, so that whatever it saves loads back unchanged. A checkpoint saved before the first step
+// (no optimizer state yet, or a static model's optimizer without its parameters) loads like any other.
 // load_weights reads a checkpoint's weights and skips the rest.
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -144,6 +150,38 @@ typename Policy::template buffer<T> to_state_buffer(const Tensor<T>& t) {
   if (t.numel() > 0) Policy::upload(t.data(), buffer.data(), t.numel());
   return buffer;
 }
+// The sizes of the optimizer's parameter slots; for an optimizer that has none yet (a static model's, before its first
+// train_step) those of the model's parameters, which load_checkpoint gives it: a checkpoint saved at the start of
+// training then loads like any other.
+template <class M, class O>
+std::vector<index_t> slot_sizes(M& model, const O& optimizer) {
+  std::vector<index_t> sizes;
+  if (optimizer.has_parameters()) {
+    for (const auto& s : optimizer.slots()) sizes.push_back(s.size);
+  } else {
+    for (const auto& p : model.parameters()) sizes.push_back(as_parameter_slot(p).size);
+  }
+  return sizes;
+}
+inline std::string sizes_text(const std::vector<index_t>& sizes) {
+  std::string text;
+  for (auto size : sizes) {
+    if (!text.empty()) text += ',';
+    text += std::to_string(size);
+  }
+  return text;
+}
+// Metadata the checkpoint writes and reads itself; a user key there would be overwritten or taken for one of its own.
+inline bool reserved_metadata_key(std::string_view key) {
+  return key == "epoch" || key == "step" || key == "optimizer" || key.starts_with("optimizer.") ||
+         key.starts_with("rng.") || key.starts_with("kiln.");
+}
+// A count read from a checkpoint that the optimizer will increment: it must be >= 0 and leave room for that.
+inline void check_count(long long value, const std::string& what, const std::string& source) {
+  if (value < 0 || value == std::numeric_limits<long long>::max())
+    fail("checkpoint '", source, "': expected ", what, " in [0, ", std::numeric_limits<long long>::max(), "), found ",
+         value);
+}
 inline std::string slot_name(std::size_t slot, const char* what) {
   std::string n = "optimizer.";
   n += std::to_string(slot);
@@ -171,17 +209,14 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
   file.set_meta("optimizer", detail::optimizer_kind(optimizer));
   file.set_meta("optimizer.lr", detail::format_double(optimizer.lr()));
   file.set_meta("optimizer.steps_taken", std::to_string(optimizer.steps_taken()));
-  std::string sizes;
-  for (const auto& s : optimizer.slots()) {
-    if (!sizes.empty()) sizes += ',';
-    sizes += std::to_string(s.size);
-  }
-  file.set_meta("optimizer.slot_sizes", sizes);
+  const auto sizes = detail::slot_sizes(const_cast<M&>(model), optimizer);
+  file.set_meta("optimizer.slot_sizes", detail::sizes_text(sizes));
   using P = typename O::policy;
   if constexpr (detail::adam_like<O>) {
+    // One step count per slot; slots without state yet (Adam fills it at its first step) have taken none.
     auto& st = optimizer.state();
-    Tensor<std::int64_t> steps(shape{static_cast<index_t>(st.size())});
-    for (std::size_t i = 0; i < st.size(); ++i) {
+    Tensor<std::int64_t> steps(shape{static_cast<index_t>(sizes.size())}, 0);
+    for (std::size_t i = 0; i < st.size() && i < sizes.size(); ++i) {
       steps[static_cast<index_t>(i)] = st[i].step;
       if (st[i].exp_avg.size()) detail::add_state_buffer<P>(file, detail::slot_name(i, "exp_avg"), st[i].exp_avg);
       if (st[i].exp_avg_sq.size())
@@ -201,10 +236,14 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
   for (const auto& [name, s] : state.generators) {
     if (name == "model" || name.rfind("model.", 0) == 0)
       fail("save_checkpoint: generator names 'model' and 'model.*' are reserved (found '", name, "')");
+    if (file.meta("rng." + name)) fail("save_checkpoint: expected unique generator names, found '", name, "' twice");
     file.set_meta("rng." + name, detail::generator_text(s));
   }
   for (const auto& [k, v] : state.metadata) {
-    if (file.meta(k)) fail("save_checkpoint: the metadata key '", k, "' is one the checkpoint uses itself");
+    if (detail::reserved_metadata_key(k))
+      fail("save_checkpoint: the metadata key '", k, "' is in the checkpoint's own namespace (epoch, step, optimizer, "
+           "optimizer.*, rng.*, kiln.*); generators go in checkpoint_state::generators");
+    if (file.meta(k)) fail("save_checkpoint: expected unique metadata keys, found '", k, "' twice");
     file.set_meta(k, v);
   }
   static_assert(std::is_same_v<T, typename O::value_type>, "save_checkpoint: model and optimizer value types differ");
@@ -233,49 +272,54 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
   // Weights: checked completely.
   auto weights = detail::merged_state_dict(model, file, source, {});
 
-  // Optimizer slots: the saved sizes must match (given now if the optimizer has none).
-  if (!optimizer.has_parameters()) optimizer.add_parameters(model.parameters());
-  const auto& slots = optimizer.slots();
-  std::string sizes;
-  for (const auto& s : slots) {
-    if (!sizes.empty()) sizes += ',';
-    sizes += std::to_string(s.size);
-  }
-  if (need("optimizer.slot_sizes") != sizes)
-    fail("checkpoint '", source, "': the optimizer's parameter slots have sizes [", sizes, "], the checkpoint's [",
-         need("optimizer.slot_sizes"), "]");
+  // Optimizer slots: the saved sizes must match (those of the model's parameters if the optimizer has none: it is
+  // given them once everything is checked).
+  const auto slots = detail::slot_sizes(model, optimizer);
+  if (need("optimizer.slot_sizes") != detail::sizes_text(slots))
+    fail("checkpoint '", source, "': the optimizer's parameter slots have sizes [", detail::sizes_text(slots),
+         "], the checkpoint's [", need("optimizer.slot_sizes"), "]");
   auto slot_tensor = [&](std::size_t i, const char* what) -> std::optional<Tensor<T>> {
     const st_tensor* t = file.find(detail::slot_name(i, what));
     if (!t) return std::nullopt;
-    if (t->shape.numel() != slots[i].size)
-      fail("checkpoint '", source, "': '", t->name, "' holds ", t->shape.numel(), " values for a slot of ", slots[i].size);
+    if (!st_is_float(t->dtype))
+      fail("checkpoint '", source, "': expected a floating-point tensor '", t->name, "', found dtype ",
+           st_dtype_name(t->dtype));
+    if (t->shape.numel() != slots[i])
+      fail("checkpoint '", source, "': '", t->name, "' holds ", t->shape.numel(), " values for a slot of ", slots[i]);
     return to_tensor<T>(*t, source);
   };
   long long steps_taken = detail::parse_integer(need("optimizer.steps_taken"), "optimizer.steps_taken", source);
+  detail::check_count(steps_taken, "optimizer.steps_taken", source);
   double lr = 0;
   {
     const std::string& text = need("optimizer.lr");
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), lr);
     if (ec != std::errc() || end != text.data() + text.size())
       fail("checkpoint '", source, "': expected a number for metadata 'optimizer.lr', found '", text, "'");
+    if (!std::isfinite(lr) || lr < 0)
+      fail("checkpoint '", source, "': expected a finite optimizer.lr >= 0, found '", text, "'");
   }
   using P = typename O::policy;
   using adam_state = typename std::conditional_t<detail::adam_like<O>, O, optim::basic_adam<T, P>>::slot_state;
   std::vector<adam_state> adam(slots.size());
   std::vector<typename P::template buffer<T>> momentum(slots.size());
   if constexpr (detail::adam_like<O>) {
+    // Earlier versions saved no step counts before Adam's first step (an empty tensor): none were taken.
     const st_tensor* steps = file.find("optimizer.step");
-    if (!steps || steps->dtype != st_dtype::i64 || steps->shape.numel() != static_cast<index_t>(slots.size()))
+    const bool saved_before_first_step = steps && steps->dtype == st_dtype::i64 && steps->shape.numel() == 0;
+    if (!steps || steps->dtype != st_dtype::i64 ||
+        (steps->shape.numel() != static_cast<index_t>(slots.size()) && !saved_before_first_step))
       fail("checkpoint '", source, "': expected an I64 tensor 'optimizer.step' with ", slots.size(), " values");
     auto step_values = to_tensor<std::int64_t>(*steps, source);
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      adam[i].step = step_values[static_cast<index_t>(i)];
+      adam[i].step = saved_before_first_step ? 0 : step_values[static_cast<index_t>(i)];
+      detail::check_count(adam[i].step, detail::slot_name(i, "step"), source);
       if (auto t = slot_tensor(i, "exp_avg")) adam[i].exp_avg = detail::to_state_buffer<P>(*t);
       if (auto t = slot_tensor(i, "exp_avg_sq")) adam[i].exp_avg_sq = detail::to_state_buffer<P>(*t);
       if (auto t = slot_tensor(i, "max_exp_avg_sq")) adam[i].exp_avg_sq_max = detail::to_state_buffer<P>(*t);
-      if (adam[i].step > 0 && (adam[i].exp_avg.size() != slots[i].size || adam[i].exp_avg_sq.size() != slots[i].size))
+      if (adam[i].step > 0 && (adam[i].exp_avg.size() != slots[i] || adam[i].exp_avg_sq.size() != slots[i]))
         fail("checkpoint '", source, "': slot ", i, " has taken ", adam[i].step, " steps but its moments are missing");
-      if (adam[i].step > 0 && optimizer.options().amsgrad && adam[i].exp_avg_sq_max.size() != slots[i].size)
+      if (adam[i].step > 0 && optimizer.options().amsgrad && adam[i].exp_avg_sq_max.size() != slots[i])
         fail("checkpoint '", source, "': the optimizer uses amsgrad but slot ", i, " has no max_exp_avg_sq");
     }
   } else {
@@ -306,7 +350,7 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
         state.generators.emplace_back(k.substr(4), s);
       }
     } else if (k != "kiln.format" && k != "kiln.checkpoint_version" && k != "epoch" && k != "step" &&
-               k.rfind("optimizer", 0) != 0) {
+               k != "optimizer" && k.rfind("optimizer.", 0) != 0) {
       state.metadata.emplace_back(k, v);
     }
   }
@@ -320,6 +364,7 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
            version1_model_state ? " (a version 1 checkpoint resumes models with at most one such layer)" : "");
 
   // Everything checked: apply.
+  if (!optimizer.has_parameters()) optimizer.add_parameters(model.parameters());
   model.load_state_dict(weights);
   for (std::size_t k = 0; k < model_generators.size(); ++k) model_generators[k]->set_state(*model_states[k]);
   optimizer.set_lr(lr);

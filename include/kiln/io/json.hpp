@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -301,6 +302,8 @@ class parser {
   value parse_object(int depth) {
     ++pos_;
     object members;
+    // A set rather than a scan of the members: a safetensors header can hold tens of thousands of keys.
+    std::set<std::string> seen;
     skip_space();
     if (consume('}')) return value::make_object(std::move(members));
     for (;;) {
@@ -308,8 +311,7 @@ class parser {
       std::size_t key_at = pos_;
       if (pos_ >= text_.size() || text_[pos_] != '"') error_here("expected a string key in an object");
       std::string key = parse_string();
-      for (const auto& m : members)
-        if (m.first == key) fail("JSON: duplicate key '", key, "' at byte ", base_ + key_at);
+      if (!seen.insert(key).second) fail("JSON: duplicate key '", key, "' at byte ", base_ + key_at);
       skip_space();
       if (!consume(':')) error_here("expected ':' after an object key");
       skip_space();

@@ -39,7 +39,8 @@ struct onnx_options {
   std::string graph_name = "kiln";
   std::string input_name = "input";
   std::string output_name = "output";
-  // Dynamic mode only: the per-sample input shape (without the batch), e.g. {28, 28}.
+  // Dynamic mode only: the per-sample input shape (without the batch), e.g. {28, 28}. A leading -1 stands for the
+  // batch dimension, as in a reshape, and is dropped ({-1, 28, 28} is {28, 28}); no other extent may be negative.
   std::vector<index_t> input_shape{};
 };
 
@@ -51,6 +52,9 @@ class onnx_builder {
     if (options_.opset < 13 || options_.opset > 20)
       fail("export_onnx: expected an opset between 13 and 20, found ", options_.opset);
     if (shape_.empty()) fail("export_onnx: the input needs a per-sample shape (e.g. {784})");
+    for (auto d : shape_)
+      if (d < 0) fail("export_onnx: expected per-sample input extents >= 0, found ", shape_text());
+    check_names();
     input_shape_ = shape_;
   }
 
@@ -61,11 +65,12 @@ class onnx_builder {
   void linear(const float* weight, const float* bias, index_t in, index_t out) {
     if (shape_.back() != in)
       fail("export_onnx: a Linear layer expects ", in, " input features, found a value of shape ", shape_text());
-    std::string w = initializer("weight", weight, {out, in});
     std::string b = bias ? initializer("bias", bias, {out}) : std::string();
     std::string y = fresh("linear");
     if (shape_.size() == 1) {
-      auto n = node("Gemm", b.empty() ? std::vector<std::string>{current_, w} : std::vector<std::string>{current_, w, b}, y);
+      std::string w = initializer("weight", weight, {out, in});
+      auto inputs = b.empty() ? std::vector<std::string>{current_, w} : std::vector<std::string>{current_, w, b};
+      auto n = node("Gemm", inputs, y);
       attr_int(n, "transB", 1);
       nodes_.push_back(n);
     } else {
@@ -188,7 +193,21 @@ class onnx_builder {
   }
 
  private:
-  std::string fresh(const char* what) { return std::string(what) + "_" + std::to_string(counter_++); }
+  // Internal names skip the user's input and output names (even "linear_0"), so that every value is named once.
+  std::string fresh(const char* what) {
+    std::string name;
+    do name = std::string(what) + "_" + std::to_string(counter_++);
+    while (name == options_.input_name || name == options_.output_name);
+    return name;
+  }
+  // ONNX names each value once and needs non-empty names for the graph's input and output.
+  void check_names() const {
+    if (options_.input_name.empty() || options_.output_name.empty())
+      fail("export_onnx: expected non-empty input and output names, found input '", options_.input_name,
+           "' and output '", options_.output_name, "'");
+    if (options_.input_name == options_.output_name)
+      fail("export_onnx: expected different input and output names, found '", options_.input_name, "' for both");
+  }
   std::string shape_text() const {
     std::string s = "[N";
     for (auto d : shape_) {

@@ -55,6 +55,7 @@ inline std::string onnx_model_bytes(const nn::Module& model, onnx_options option
   if (options.input_shape.empty())
     fail("export_onnx: a dynamic model needs options.input_shape, the per-sample input shape (e.g. {28, 28})");
   std::vector<index_t> sample = options.input_shape;
+  if (sample.size() > 1 && sample.front() == -1) sample.erase(sample.begin());  // the batch, as onnx_options says
   onnx_builder b(std::move(options), sample);
   try {
     detail::onnx_emit_module(b, model, model.name());

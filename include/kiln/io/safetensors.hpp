@@ -1,7 +1,8 @@
 // Reading safetensors files (the format is described in kiln/io/safetensors_format.hpp, which also writes them).
 // Every header field is validated before any tensor is used: a short file, a header length past the end, bad JSON,
-// unknown dtypes, negative or mismatched shapes, offsets out of range or overlapping all raise kiln::error naming
-// the file and the byte offset. F16 and BF16 (and F64) tensors convert to float on the way in.
+// dtypes that are not safetensors', negative, oversized or mismatched shapes, offsets out of range or overlapping all
+// raise kiln::error naming the file and the byte offset. F16 and BF16 (and F64) tensors convert to float on the way
+// in; other safetensors dtypes (BOOL, U8, ...) are read but not converted (to_tensor refuses them).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -48,12 +51,27 @@ inline float bfloat_to_float(std::uint16_t b) {
   return f;
 }
 inline bool st_parse_dtype(std::string_view s, st_dtype& d) {
-  for (st_dtype c : {st_dtype::f32, st_dtype::f64, st_dtype::f16, st_dtype::bf16, st_dtype::i64})
-    if (s == st_dtype_name(c)) {
-      d = c;
+  for (int c = 0; c <= static_cast<int>(st_dtype::f8_e5m2); ++c)
+    if (s == st_dtype_name(static_cast<st_dtype>(c))) {
+      d = static_cast<st_dtype>(c);
       return true;
     }
   return false;
+}
+// The element count of extents that are each non-negative, or -1 when the extents other than zeros multiply past
+// index_t: a zero extent empties the tensor but not its row sizes and strides, which must still be computable.
+inline std::int64_t st_checked_numel(const kiln::shape& s) {
+  std::int64_t nonzero_product = 1;
+  bool empty = false;
+  for (int d = 0; d < s.rank(); ++d) {
+    if (s[d] == 0) {
+      empty = true;
+      continue;
+    }
+    if (nonzero_product > std::numeric_limits<index_t>::max() / s[d]) return -1;
+    nonzero_product *= s[d];
+  }
+  return empty ? 0 : nonzero_product;
 }
 }  // namespace detail
 
@@ -107,26 +125,40 @@ inline st_file parse_safetensors(std::string_view bytes, const std::string& sour
     st_tensor t;
     t.name = name;
     if (!detail::st_parse_dtype(dtype->as_string(), t.dtype))
-      where("unsupported dtype '", dtype->as_string(), "' (kiln reads F32, F64, F16, BF16 and I64)");
+      where("unsupported dtype '", dtype->as_string(), "' (not a safetensors dtype; kiln reads F32, F64, F16, BF16 and "
+            "I64)");
     if (shape_v->as_array().size() > static_cast<std::size_t>(kiln::shape::max_rank))
       where("expected at most ", kiln::shape::max_rank, " dimensions, found ", shape_v->as_array().size());
-    std::uint64_t numel = 1;
+    // json's own errors name only a byte; these name the tensor and the file too.
+    auto integer = [&](const json::value& v, const char* field) {
+      std::int64_t i = 0;
+      try {
+        i = v.as_int();
+      } catch (const error& e) {
+        where("expected integers in '", field, "': ", e.what());
+      }
+      return i;
+    };
     for (const auto& d : shape_v->as_array()) {
-      if (!d.is_number()) where("expected integer extents in 'shape'");
-      std::int64_t e = d.as_int();
+      std::int64_t e = integer(d, "shape");
       if (e < 0) where("expected non-negative extents, found ", e);
       t.shape.push_back(e);
-      if (e && numel > std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(e))
-        where("shape ", t.shape, " is too large");
-      numel *= static_cast<std::uint64_t>(e);
     }
-    std::int64_t begin = offsets->as_array()[0].as_int(), end = offsets->as_array()[1].as_int();
+    const std::int64_t numel = detail::st_checked_numel(t.shape);
+    if (numel < 0)
+      where("shape ", t.shape, " has more elements than kiln can index (", std::numeric_limits<index_t>::max(), ")");
+    std::int64_t begin = integer(offsets->as_array()[0], "data_offsets");
+    std::int64_t end = integer(offsets->as_array()[1], "data_offsets");
     if (begin < 0 || end < begin)
       where("expected data_offsets [begin, end] with 0 <= begin <= end, found [", begin, ", ", end, "]");
     if (static_cast<std::uint64_t>(end) > data_size)
       where("data_offsets [", begin, ", ", end, "] run past the end of the data (", data_size, " bytes, file byte ",
             data_start, " on)");
-    std::uint64_t expected = numel * st_dtype_size(t.dtype);
+    // Compared before multiplying, so that the byte count cannot wrap around.
+    if (static_cast<std::uint64_t>(numel) > data_size / st_dtype_size(t.dtype))
+      where("shape ", t.shape, " of ", st_dtype_name(t.dtype), " needs more bytes than the file's data holds (",
+            data_size, ")");
+    std::uint64_t expected = static_cast<std::uint64_t>(numel) * st_dtype_size(t.dtype);
     if (static_cast<std::uint64_t>(end - begin) != expected)
       where("shape ", t.shape, " of ", st_dtype_name(t.dtype), " needs ", expected, " bytes, but data_offsets [",
             begin, ", ", end, "] hold ", end - begin);
@@ -134,12 +166,19 @@ inline st_file parse_safetensors(std::string_view bytes, const std::string& sour
     ranges.push_back({static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(end), file.tensors.size()});
     file.tensors.push_back(std::move(t));
   }
-  std::sort(ranges.begin(), ranges.end(), [](const range& a, const range& b) { return a.begin < b.begin; });
-  for (std::size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].begin < ranges[i - 1].end)
-      fail("safetensors '", source, "': tensors '", file.tensors[ranges[i - 1].index].name, "' [",
-           ranges[i - 1].begin, ", ", ranges[i - 1].end, ") and '", file.tensors[ranges[i].index].name, "' [",
-           ranges[i].begin, ", ", ranges[i].end, ") overlap in the data");
+  // Ties keep header order, empty tensors first: a writer puts an empty tensor at the offset of the next one.
+  std::stable_sort(ranges.begin(), ranges.end(), [](const range& a, const range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  // An empty tensor holds no bytes, so it overlaps nothing.
+  const range* previous = nullptr;
+  for (const auto& r : ranges) {
+    if (r.begin == r.end) continue;
+    if (previous && r.begin < previous->end)
+      fail("safetensors '", source, "': tensors '", file.tensors[previous->index].name, "' [", previous->begin, ", ",
+           previous->end, ") and '", file.tensors[r.index].name, "' [", r.begin, ", ", r.end, ") overlap in the data");
+    previous = &r;
+  }
   // File order: by data offset, as the writer laid them out.
   std::vector<st_tensor> ordered;
   for (const auto& r : ranges) ordered.push_back(std::move(file.tensors[r.index]));
@@ -149,19 +188,63 @@ inline st_file parse_safetensors(std::string_view bytes, const std::string& sour
 
 // Reads and parses a whole safetensors file.
 inline st_file read_safetensors(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    fail("safetensors: cannot read '", path.string(), "': expected a file, found a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("safetensors: cannot open '", path.string(), "' for reading");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  // A read error can surface as std::ios_base::failure from inside the stream buffer; it is bad input like any other.
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& e) {
+    fail("safetensors: reading '", path.string(), "' failed: ", e.what());
+  }
   if (in.bad()) fail("safetensors: reading '", path.string(), "' failed");
   return parse_safetensors(bytes, path.string());
 }
 
-// A tensor's values as T. Float dtypes (F32, F64, F16, BF16) convert to a floating T; I64 only to an integral T.
+namespace detail {
+// The first I64 value of t that a floating T cannot hold exactly, if any. PyTorch stores counters such as BatchNorm's
+// num_batches_tracked as int64 where kiln keeps them in the model's float buffer: such values convert, but integer
+// data that would be rounded is refused rather than silently changed.
+template <class T>
+std::optional<std::int64_t> st_first_inexact(const st_tensor& t) {
+  static_assert(std::is_floating_point_v<T>);
+  constexpr T two_to_63 = T(9223372036854775808.0);
+  for (std::size_t i = 0; i < t.bytes.size() / sizeof(std::int64_t); ++i) {
+    std::int64_t v;
+    std::memcpy(&v, t.bytes.data() + i * sizeof v, sizeof v);
+    const T f = static_cast<T>(v);
+    if (!(f >= -two_to_63 && f < two_to_63) || static_cast<std::int64_t>(f) != v) return v;
+  }
+  return std::nullopt;
+}
+// Why t's values cannot become T, or empty when they can.
+template <class T>
+std::string st_conversion_problem(const st_tensor& t) {
+  std::ostringstream why;
+  if (!st_is_readable(t.dtype)) {
+    why << "unsupported dtype '" << st_dtype_name(t.dtype) << "' of '" << t.name
+        << "' (kiln reads F32, F64, F16, BF16 and I64)";
+  } else if (st_is_float(t.dtype) && !std::is_floating_point_v<T>) {
+    why << "dtype " << st_dtype_name(t.dtype) << " of '" << t.name << "' disagrees with the model's integer values";
+  } else if (t.dtype == st_dtype::i64) {
+    if constexpr (std::is_floating_point_v<T>)
+      if (auto v = st_first_inexact<T>(t))
+        why << "dtype I64 of '" << t.name << "' holds " << *v << ", which the model's floating-point values cannot "
+            << "hold exactly";
+  }
+  return why.str();
+}
+}  // namespace detail
+
+// A tensor's values as T. Float dtypes (F32, F64, F16, BF16) convert to a floating T; I64 to an integral T, and to a
+// floating T when every value is exactly representable (see detail::st_first_inexact). Other dtypes are refused.
 template <class T>
 Tensor<T> to_tensor(const st_tensor& t, const std::string& source = "safetensors data") {
-  if (st_is_float(t.dtype) != std::is_floating_point_v<T>)
-    fail("safetensors '", source, "': tensor '", t.name, "' has dtype ", st_dtype_name(t.dtype),
-         ", which disagrees with the model's ", std::is_floating_point_v<T> ? "floating-point" : "integer", " values");
+  if (std::string problem = detail::st_conversion_problem<T>(t); !problem.empty())
+    fail("safetensors '", source, "': ", problem);
   Tensor<T> out(t.shape);
   const char* src = t.bytes.data();
   const auto n = static_cast<std::size_t>(t.shape.numel());
@@ -179,6 +262,7 @@ Tensor<T> to_tensor(const st_tensor& t, const std::string& source = "safetensors
     case st_dtype::i64: each.template operator()<std::int64_t>(same); break;
     case st_dtype::f16: each.template operator()<std::uint16_t>(detail::half_to_float); break;
     case st_dtype::bf16: each.template operator()<std::uint16_t>(detail::bfloat_to_float); break;
+    default: break;  // refused above
   }
   return out;
 }

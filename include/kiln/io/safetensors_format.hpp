@@ -5,6 +5,7 @@
 // (kiln/io/safetensors.hpp).
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -24,8 +25,10 @@ namespace kiln::io {
 
 static_assert(std::endian::native == std::endian::little, "kiln's safetensors I/O assumes a little-endian host");
 
-// The element types kiln reads and writes. F16 and BF16 are read (converted to float); all five are written.
-enum class st_dtype { f32, f64, f16, bf16, i64 };
+// The element types of the safetensors format. kiln converts the first five (F16 and BF16 are read as float); the
+// others are only laid out and skipped, so that a file holding, say, a BOOL mask still loads when that tensor is
+// excluded or not part of the model.
+enum class st_dtype { f32, f64, f16, bf16, i64, boolean, u8, i8, i16, u16, i32, u32, u64, f8_e4m3, f8_e5m2 };
 
 constexpr const char* st_dtype_name(st_dtype d) {
   switch (d) {
@@ -34,6 +37,16 @@ constexpr const char* st_dtype_name(st_dtype d) {
     case st_dtype::f16: return "F16";
     case st_dtype::bf16: return "BF16";
     case st_dtype::i64: return "I64";
+    case st_dtype::boolean: return "BOOL";
+    case st_dtype::u8: return "U8";
+    case st_dtype::i8: return "I8";
+    case st_dtype::i16: return "I16";
+    case st_dtype::u16: return "U16";
+    case st_dtype::i32: return "I32";
+    case st_dtype::u32: return "U32";
+    case st_dtype::u64: return "U64";
+    case st_dtype::f8_e4m3: return "F8_E4M3";
+    case st_dtype::f8_e5m2: return "F8_E5M2";
   }
   return "?";
 }
@@ -44,10 +57,24 @@ constexpr std::size_t st_dtype_size(st_dtype d) {
     case st_dtype::f16: return 2;
     case st_dtype::bf16: return 2;
     case st_dtype::i64: return 8;
+    case st_dtype::boolean: return 1;
+    case st_dtype::u8: return 1;
+    case st_dtype::i8: return 1;
+    case st_dtype::i16: return 2;
+    case st_dtype::u16: return 2;
+    case st_dtype::i32: return 4;
+    case st_dtype::u32: return 4;
+    case st_dtype::u64: return 8;
+    case st_dtype::f8_e4m3: return 1;
+    case st_dtype::f8_e5m2: return 1;
   }
   return 0;
 }
-constexpr bool st_is_float(st_dtype d) { return d != st_dtype::i64; }
+// The dtypes whose values kiln converts (to_tensor).
+constexpr bool st_is_readable(st_dtype d) { return d <= st_dtype::i64; }
+constexpr bool st_is_float(st_dtype d) {
+  return d == st_dtype::f32 || d == st_dtype::f64 || d == st_dtype::f16 || d == st_dtype::bf16;
+}
 
 // The safetensors dtype of a C++ element type.
 template <class T>
@@ -122,10 +149,21 @@ inline void st_json_string(std::string& out, std::string_view s) {
   }
   out += '"';
 }
+// A header key twice makes a file no reader accepts (kiln's and Python's refuse duplicate keys), so saving refuses it.
+inline void st_check_unique(std::vector<std::string_view> names, const char* what) {
+  std::sort(names.begin(), names.end());
+  auto twice = std::adjacent_find(names.begin(), names.end());
+  if (twice != names.end()) fail("safetensors: expected unique ", what, ", found '", *twice, "' twice");
+}
 }  // namespace detail
 
 // The file's bytes: header length, JSON header (padded with spaces to 8-byte alignment) and data, tensors in order.
 inline std::string serialize_safetensors(const st_file& file) {
+  std::vector<std::string_view> keys, names;
+  for (const auto& [k, v] : file.metadata) keys.push_back(k);
+  for (const auto& t : file.tensors) names.push_back(t.name);
+  detail::st_check_unique(std::move(keys), "metadata keys");
+  detail::st_check_unique(std::move(names), "tensor names");
   std::string header = "{";
   bool first = true;
   if (!file.metadata.empty()) {

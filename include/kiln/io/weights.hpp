@@ -8,7 +8,10 @@
 //   kiln::io::load_weights(net, "pre.safetensors", {.strict = false, .exclude = {"3."}});  // all but the old head
 //
 // Loading checks the whole file first (format, names, dtypes, shapes) and raises kiln::error naming the file and
-// every offending tensor, leaving the model unchanged; only then are the values copied.
+// every offending tensor, leaving the model unchanged; only then are the values copied. Integer (I64) tensors load
+// into the model's float buffers when every value is exactly representable, as PyTorch's BatchNorm
+// num_batches_tracked is; integers that would be rounded are refused. Tensors that are excluded or ignored may have
+// any safetensors dtype.
 #pragma once
 
 #include <filesystem>
@@ -77,12 +80,8 @@ auto merged_state_dict(const M& model, const st_file& file, const std::string& s
       continue;
     }
     found[at] = true;
-    if (st_is_float(t.dtype) != std::is_floating_point_v<T>) {
-      std::string p = "dtype ";
-      p += st_dtype_name(t.dtype);
-      p += " of '";
-      p += t.name;
-      p += "' disagrees with the model's floating-point parameters";
+    // Only tensors that are loaded need a dtype kiln converts: an excluded or ignored BOOL mask is fine.
+    if (std::string p = st_conversion_problem<T>(t); !p.empty()) {
       problems.push_back(std::move(p));
       continue;
     }

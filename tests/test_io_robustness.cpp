@@ -1,0 +1,392 @@
+// I/O robustness: safetensors headers whose sizes overflow, empty tensors, duplicate names, PyTorch's integer
+// buffers and unsupported dtypes, the JSON reader on large headers, the atomic writer's temporary file, and the ONNX
+// exporter's names and shapes (checked by reading the written graph back with a small protobuf reader).
+#include <doctest/doctest.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/dynamic/nn.hpp"
+#include "kiln/io/atomic_file.hpp"
+#include "kiln/io/json.hpp"
+#include "kiln/io/onnx.hpp"
+#include "kiln/io/onnx_dynamic.hpp"
+#include "kiln/io/safetensors.hpp"
+#include "kiln/io/weights.hpp"
+#include "kiln/kiln.hpp"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / "kiln_test_io_robustness" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+// A safetensors file from a header text and data bytes.
+std::string make_file(const std::string& header, const std::string& data = "") {
+  std::string out;
+  std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((n >> (8 * i)) & 0xFF);
+  return out + header + data;
+}
+// The entries of a directory whose names start with prefix (temporaries left behind).
+std::vector<std::string> entries_starting_with(const fs::path& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
+  return out;
+}
+
+// Protobuf wire format, read back: the fields of one message (varints and length-delimited payloads).
+struct pb_field {
+  int number;
+  std::uint64_t varint;
+  std::string_view bytes;
+};
+std::vector<pb_field> pb_fields(std::string_view m) {
+  std::vector<pb_field> out;
+  std::size_t i = 0;
+  auto varint = [&] {
+    std::uint64_t v = 0;
+    for (int shift = 0; i < m.size(); shift += 7) {
+      auto b = static_cast<unsigned char>(m[i++]);
+      v |= std::uint64_t(b & 0x7F) << shift;
+      if (!(b & 0x80)) break;
+    }
+    return v;
+  };
+  while (i < m.size()) {
+    std::uint64_t key = varint();
+    pb_field f{static_cast<int>(key >> 3), 0, {}};
+    switch (key & 7) {
+      case 0: f.varint = varint(); break;
+      case 1: f.bytes = m.substr(i, 8); i += 8; break;
+      case 2: {
+        auto n = static_cast<std::size_t>(varint());
+        f.bytes = m.substr(i, n);
+        i += n;
+        break;
+      }
+      case 5: f.bytes = m.substr(i, 4); i += 4; break;
+      default: FAIL("unexpected wire type"); return out;
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+std::vector<std::string_view> pb_strings(std::string_view m, int number) {
+  std::vector<std::string_view> out;
+  for (const auto& f : pb_fields(m))
+    if (f.number == number) out.push_back(f.bytes);
+  return out;
+}
+// The parts of an exported graph that ONNX's single-assignment rule is about.
+struct onnx_graph {
+  std::vector<std::string> inputs, outputs, initializers, node_inputs, node_outputs;
+  std::vector<std::string> initializer_data;
+};
+onnx_graph read_graph(const std::string& model) {
+  onnx_graph g;
+  auto graph = pb_strings(model, 7).at(0);
+  for (auto n : pb_strings(graph, 1)) {
+    for (auto i : pb_strings(n, 1)) g.node_inputs.emplace_back(i);
+    for (auto o : pb_strings(n, 2)) g.node_outputs.emplace_back(o);
+  }
+  for (auto t : pb_strings(graph, 5)) {
+    g.initializers.emplace_back(pb_strings(t, 8).at(0));
+    g.initializer_data.emplace_back(pb_strings(t, 9).at(0));
+  }
+  for (auto v : pb_strings(graph, 11)) g.inputs.emplace_back(pb_strings(v, 1).at(0));
+  for (auto v : pb_strings(graph, 12)) g.outputs.emplace_back(pb_strings(v, 1).at(0));
+  return g;
+}
+// Every value named once and non-empty, every node input defined, every initializer used, the output produced.
+void check_well_formed(const onnx_graph& g) {
+  std::set<std::string> defined;
+  for (const auto* names : {&g.inputs, &g.initializers, &g.node_outputs})
+    for (const auto& n : *names) {
+      CAPTURE(n);
+      CHECK(!n.empty());
+      CHECK(defined.insert(n).second);
+    }
+  for (const auto& i : g.node_inputs) {
+    CAPTURE(i);
+    CHECK(defined.count(i) == 1);
+  }
+  std::set<std::string> used(g.node_inputs.begin(), g.node_inputs.end());
+  for (const auto& i : g.initializers) {
+    CAPTURE(i);
+    CHECK(used.count(i) == 1);
+  }
+  REQUIRE(g.outputs.size() == 1);
+  CHECK(std::count(g.node_outputs.begin(), g.node_outputs.end(), g.outputs[0]) == 1);
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: shapes whose element or byte count overflows are refused, naming tensor and file") {
+  struct bad_case {
+    const char* what;
+    std::string header;
+    std::string data;
+    const char* message;
+  };
+  const bad_case cases[] = {
+      {"F32 [2^62]: 2^64 bytes wrap to 0",
+       R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})",
+       "", "needs more bytes"},
+      {"F64 [2^61]", R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", "",
+       "needs more bytes"},
+      {"F32 [2^62 + 1] over 4 bytes", R"({"a":{"dtype":"F32","shape":[4611686018427387905],"data_offsets":[0,4]}})",
+       "abcd", "needs more bytes"},
+      {"F32 [2^31, 2^31]", R"({"a":{"dtype":"F32","shape":[2147483648,2147483648],"data_offsets":[0,0]}})", "",
+       "needs more bytes"},
+      {"I64 [2^32, 2^31]: more elements than index_t",
+       R"({"a":{"dtype":"I64","shape":[4294967296,2147483648],"data_offsets":[0,0]}})", "", "more elements"},
+      {"a zero hides [2^62, 2^62]", R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],)"
+                                    R"("data_offsets":[0,0]}})",
+       "", "more elements"},
+      {"fractional extent", R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", "abcd",
+       "tensor 'a' (header byte"},
+      {"extent past int64", R"({"a":{"dtype":"F32","shape":[99999999999999999999],"data_offsets":[0,4]}})", "abcd",
+       "expected integers in 'shape'"},
+      {"string offset", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":["0",4]}})", "abcd",
+       "expected integers in 'data_offsets'"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    CHECK_THROWS_WITH_AS(io::parse_safetensors(make_file(c.header, c.data), "overflow.safetensors"),
+                         doctest::Contains(c.message), error);
+    CHECK_THROWS_WITH_AS(io::parse_safetensors(make_file(c.header, c.data), "overflow.safetensors"),
+                         doctest::Contains("'overflow.safetensors': tensor 'a'"), error);
+  }
+}
+
+TEST_CASE("safetensors: empty tensors overlap nothing, whatever their order in the header") {
+  io::st_file file;
+  for (int i = 0; i < 40; ++i) file.add("t" + std::to_string(i), Tensor<float>(shape{i % 2 ? 0 : 3}, 1.0f));
+  auto path = temp_dir("empty") / "empties.safetensors";
+  io::write_safetensors(path, file);
+  auto back = io::read_safetensors(path);
+  REQUIRE(back.tensors.size() == 40);
+  for (int i = 0; i < 40; ++i) CHECK(back.tensors[static_cast<std::size_t>(i)].name == "t" + std::to_string(i));
+
+  // Hand-made: the empty tensor listed after the one that starts at its offset.
+  auto f = io::parse_safetensors(make_file(R"({"b":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                                           R"("a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+                                           std::string(12, '\0')));
+  CHECK(f.tensors.size() == 2);
+  // Real overlaps are still found.
+  CHECK_THROWS_WITH_AS(io::parse_safetensors(make_file(R"({"b":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                                                       R"("a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                                                       std::string(12, '\0'))),
+                       doctest::Contains("overlap"), error);
+}
+
+TEST_CASE("safetensors: reading a directory raises kiln::error") {
+  auto dir = temp_dir("directory");
+  CHECK_THROWS_WITH_AS(io::read_safetensors(dir), doctest::Contains("directory"), error);
+}
+
+TEST_CASE("safetensors: duplicate metadata keys or tensor names are refused before any file is touched") {
+  auto dir = temp_dir("duplicates");
+  auto path = dir / "dup.safetensors";
+  write_bytes(path, "previous");
+  Tensor<float> t(shape{2}, 1.0f);
+  io::st_file names;
+  names.add("x", t);
+  names.add("y", t);
+  names.add("x", t);
+  CHECK_THROWS_WITH_AS(io::write_safetensors(path, names), doctest::Contains("tensor names, found 'x' twice"), error);
+  io::st_file keys;
+  keys.add("x", t);
+  keys.metadata = {{"k", "1"}, {"k", "2"}};
+  CHECK_THROWS_WITH_AS(io::write_safetensors(path, keys), doctest::Contains("metadata keys, found 'k' twice"), error);
+  using mlp = Sequential<policy::cpu, Input<4>, Dense<3>>;
+  mlp net(2, 1);
+  CHECK_THROWS_AS(io::save_weights(net, path, {{"k", "1"}, {"k", "2"}}), error);
+  CHECK(read_bytes(path) == "previous");
+}
+
+TEST_CASE("json: duplicate keys are found in O(n log n) with the same message") {
+  CHECK_THROWS_WITH_AS(io::json::parse(R"({"a": 1, "b": 2, "a": 3})"),
+                       doctest::Contains("duplicate key 'a' at byte 17"), error);
+  // 200k keys: a scan of the earlier keys per key takes minutes; a set takes a fraction of a second.
+  std::string text = "{";
+  for (int i = 0; i < 200000; ++i) {
+    if (i) text += ',';
+    text += "\"k" + std::to_string(i) + "\":0";
+  }
+  text += '}';
+  auto start = std::chrono::steady_clock::now();
+  auto v = io::json::parse(text);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(v.as_object().size() == 200000);
+  CHECK(seconds < 10.0);
+}
+
+TEST_CASE("load_weights: PyTorch's int64 num_batches_tracked loads; integers float would round are refused") {
+  auto dir = temp_dir("torch_int");
+  // A state dict as safetensors.torch.save_file writes it: num_batches_tracked is an I64 scalar.
+  auto torch_like = [](const auto& model, std::int64_t batches) {
+    io::st_file f;
+    for (const auto& [name, value] : model.state_dict()) {
+      if (name.ends_with("num_batches_tracked")) {
+        Tensor<std::int64_t> n(shape{});
+        n[0] = batches;
+        f.add(name, n);
+      } else {
+        f.add(name, value);
+      }
+    }
+    return f;
+  };
+  auto tracked = [](const auto& model) {
+    for (const auto& [name, value] : model.state_dict())
+      if (name.ends_with("num_batches_tracked")) return value[0];
+    return -1.0f;
+  };
+  manual_seed(1);
+  nn::Sequential dynamic(nn::Linear(4, 3), nn::BatchNorm1d(3));
+  io::write_safetensors(dir / "dynamic.safetensors", torch_like(dynamic, 7));
+  io::load_weights(dynamic, dir / "dynamic.safetensors");
+  CHECK(tracked(dynamic) == 7.0f);
+  Sequential<policy::cpu, Input<4>, Dense<3>, BatchNorm1d<>> net(2, 1);
+  io::write_safetensors(dir / "static.safetensors", torch_like(net, 9));
+  io::load_weights(net, dir / "static.safetensors");
+  CHECK(tracked(net) == 9.0f);
+
+  // 2^62 + 1 has no float: refused, model unchanged.
+  io::write_safetensors(dir / "lossy.safetensors", torch_like(net, (std::int64_t(1) << 62) + 1));
+  CHECK_THROWS_WITH_AS(io::load_weights(net, dir / "lossy.safetensors"), doctest::Contains("cannot hold exactly"),
+                       error);
+  CHECK(tracked(net) == 9.0f);
+  CHECK_THROWS_AS(io::to_tensor<float>(*io::read_safetensors(dir / "lossy.safetensors").find("1.num_batches_tracked")),
+                  error);
+}
+
+TEST_CASE("load_weights: a BOOL tensor the load skips (excluded, or unknown with strict off) need not be convertible") {
+  auto dir = temp_dir("bool_mask");
+  using mlp = Sequential<policy::cpu, Input<2>, Dense<1>>;
+  mlp small(1, 1);
+  const std::string with_mask = make_file(R"({"0.weight":{"dtype":"F32","shape":[1,2],"data_offsets":[0,8]},)"
+                                          R"("0.bias":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
+                                          R"("mask":{"dtype":"BOOL","shape":[4],"data_offsets":[12,16]}})",
+                                          std::string(16, '\0'));
+  write_bytes(dir / "mask.safetensors", with_mask);
+  io::load_weights(small, dir / "mask.safetensors", {.strict = false, .exclude = {"mask"}});
+  io::load_weights(small, dir / "mask.safetensors", {.strict = false});
+  CHECK(small.state_dict()[0].second[0] == 0.0f);
+  CHECK_THROWS_WITH_AS(io::load_weights(small, dir / "mask.safetensors"), doctest::Contains("unexpected tensor 'mask'"),
+                       error);
+  CHECK_THROWS_WITH_AS(io::to_tensor<float>(*io::read_safetensors(dir / "mask.safetensors").find("mask")),
+                       doctest::Contains("unsupported dtype 'BOOL'"), error);
+}
+
+TEST_CASE("write_file_atomically: a symlink where a temporary might go is never followed") {
+  auto dir = temp_dir("symlink");
+  write_bytes(dir / "precious.txt", "precious");
+  fs::create_symlink(dir / "precious.txt", dir / "model.safetensors.tmp-kiln");
+  io::write_file_atomically(dir / "model.safetensors", "new weights");
+  CHECK(read_bytes(dir / "precious.txt") == "precious");
+  CHECK(!fs::is_symlink(dir / "model.safetensors"));
+  CHECK(read_bytes(dir / "model.safetensors") == "new weights");
+  // Only the file and the two planted entries: no temporary left.
+  CHECK(entries_starting_with(dir, "model.safetensors").size() == 2);
+}
+
+TEST_CASE("write_file_atomically: a write that fails part-way keeps the old file and leaves no temporary") {
+  auto dir = temp_dir("partial");
+  auto path = dir / "big.safetensors";
+  io::write_file_atomically(path, "old");
+  // A file size limit makes the write fail after 100 kB (SIGXFSZ ignored, so write() reports EFBIG).
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old_limit{};
+  getrlimit(RLIMIT_FSIZE, &old_limit);
+  rlimit limit = old_limit;
+  limit.rlim_cur = 100000;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  bool threw = false;
+  try {
+    io::write_file_atomically(path, std::string(1 << 20, 'x'));
+  } catch (const error&) {
+    threw = true;
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK(threw);
+  CHECK(read_bytes(path) == "old");
+  CHECK(entries_starting_with(dir, "big.safetensors").size() == 1);
+}
+
+TEST_CASE("export_onnx: Linear on inputs of rank > 2 exports only the weight it uses") {
+  manual_seed(3);
+  auto model = nn::Sequential(nn::Linear(3, 4));
+  const Tensor<float> w = model.state_dict().at(0).second;  // 0.weight
+  const std::string weight(reinterpret_cast<const char*>(w.data()), static_cast<std::size_t>(w.numel()) * 4);
+  auto matmul = read_graph(io::onnx_model_bytes(model, {.input_shape = {5, 3}}));
+  check_well_formed(matmul);
+  CHECK(matmul.initializers.size() == 2);  // W^T and the bias
+  for (const auto& data : matmul.initializer_data) CHECK(data != weight);
+  auto gemm = read_graph(io::onnx_model_bytes(model, {.input_shape = {3}}));
+  check_well_formed(gemm);
+  CHECK(gemm.initializers.size() == 2);
+  CHECK(std::count(gemm.initializer_data.begin(), gemm.initializer_data.end(), weight) == 1);
+}
+
+TEST_CASE("export_onnx: input and output names are checked, and never collide with the graph's own names") {
+  using net_type = Sequential<policy::cpu, Input<4>, Dense<2>>;
+  net_type net(2, 1);
+  // Names the exporter also generates: its own values are named around them.
+  const io::onnx_options colliding[] = {{.output_name = "weight_0"}, {.input_name = "linear_2"},
+                                        {.input_name = "bias_1", .output_name = "linear_2"}};
+  for (const auto& options : colliding) {
+    CAPTURE(options.input_name);
+    CAPTURE(options.output_name);
+    auto g = read_graph(io::onnx_model_bytes(net, options));
+    check_well_formed(g);
+    CHECK(g.inputs.at(0) == options.input_name);
+    CHECK(g.outputs.at(0) == options.output_name);
+  }
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(net, {.input_name = "x", .output_name = "x"}),
+                       doctest::Contains("different input and output names"), error);
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(net, {.input_name = ""}), doctest::Contains("non-empty"), error);
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(net, {.output_name = ""}), doctest::Contains("non-empty"), error);
+  auto model = nn::Sequential(nn::Identity());
+  CHECK_THROWS_AS(io::onnx_model_bytes(model, {.input_name = "x", .output_name = "x", .input_shape = {3}}), error);
+}
+
+TEST_CASE("export_onnx: a leading -1 in input_shape is the batch; other negative extents are refused") {
+  manual_seed(4);
+  auto model = nn::Sequential(nn::Linear(3, 4));
+  CHECK(io::onnx_model_bytes(model, {.input_shape = {-1, 3}}) == io::onnx_model_bytes(model, {.input_shape = {3}}));
+  CHECK(io::onnx_model_bytes(model, {.input_shape = {-1, 2, 3}}) ==
+        io::onnx_model_bytes(model, {.input_shape = {2, 3}}));
+  for (std::vector<index_t> bad : {std::vector<index_t>{2, -1, 3}, {-1, -1, 3}, {-2, 3}, {-1}}) {
+    CAPTURE(bad.size());
+    CHECK_THROWS_AS(io::onnx_model_bytes(model, {.input_shape = bad}), error);
+  }
+}
