@@ -13,8 +13,8 @@
 
 using namespace kiln;
 
-int main(int argc, char** argv) {
-  examples::flags flags(argc, argv);
+int main(int argc, char** argv) try {
+  examples::flags flags(argc, argv, {"--batch", "--seconds"});
   const int threads = static_cast<int>(flags.get_int("--threads", 1));
   const index_t batch = flags.get_int("--batch", 64);
   const double seconds = std::atof(flags.get("--seconds", "2").c_str());
@@ -60,4 +60,7 @@ int main(int argc, char** argv) {
                 3 * flops / tfb * 1e-9);
   }
   return 0;
+} catch (const kiln::error& e) {
+  std::fprintf(stderr, "conv_bench: %s\n", e.what());
+  return 1;
 }

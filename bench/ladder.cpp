@@ -195,7 +195,7 @@ Tensor<float> random_tensor(shape s, random_generator& rng) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--quick", "--reps", "--workload"});
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   int reps = static_cast<int>(flags.get_int("--reps", 5));
   bool quick = flags.has("--quick");

@@ -37,8 +37,8 @@ void report(const char* impl, bool bidirectional, index_t batch, index_t seq, in
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  examples::flags flags(argc, argv);
+int main(int argc, char** argv) try {
+  examples::flags flags(argc, argv, {"--batch", "--hidden", "--input", "--iters", "--layers", "--seq"});
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   index_t batch = flags.get_int("--batch", 64), seq = flags.get_int("--seq", 28), input = flags.get_int("--input", 28),
           hidden = flags.get_int("--hidden", 128), layers = flags.get_int("--layers", 1);
@@ -86,4 +86,7 @@ int main(int argc, char** argv) {
     report("kiln_dynamic", bidirectional, batch, seq, input, hidden, layers, threads, dyn_fwd, dyn_both);
   }
   return 0;
+} catch (const kiln::error& e) {
+  std::fprintf(stderr, "lstm_bench: %s\n", e.what());
+  return 1;
 }

@@ -69,7 +69,7 @@ void profile_workload(const char* name, Net& net, const std::vector<tensor_view<
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--warm-batches", "--workload"});
   const int threads = static_cast<int>(flags.get_int("--threads", 1));
   const int passes = 1 + static_cast<int>(std::max<long long>(1, flags.get_int("--epochs", 3)));
   const std::string only = flags.get("--workload", "all");

@@ -1,26 +1,55 @@
 // Small helpers shared by the examples: command-line flags and a steady clock.
 #pragma once
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <string>
+#include <system_error>
+#include <vector>
+
+#include "kiln/core/error.hpp"
 
 namespace kiln::examples {
 
-// Reads "--name value" flags; every example accepts --threads N.
+// Reads "--name value" flags (and "--name" switches). Every example accepts --threads N. A program names the flags it
+// takes; any other "--" argument, a flag without its value, or a number that does not parse is a kiln::error that
+// says so (a mistyped "--epoch 10" would otherwise run the default silently).
 class flags {
  public:
-  flags(int argc, char** argv) : argc_(argc), argv_(argv) {}
+  flags(int argc, char** argv, std::initializer_list<const char*> known) : argc_(argc), argv_(argv) {
+    known_.push_back("--threads");
+    known_.insert(known_.end(), known.begin(), known.end());
+    for (int i = 1; i < argc_; ++i) {
+      if (std::strncmp(argv_[i], "--", 2) != 0) continue;
+      if (std::find_if(known_.begin(), known_.end(), [&](const char* k) { return std::strcmp(k, argv_[i]) == 0; }) ==
+          known_.end()) {
+        std::string list;
+        for (const char* k : known_) list += std::string(list.empty() ? "" : ", ") + k;
+        throw kiln::error(std::string(argv_[0]) + ": unknown flag '" + argv_[i] + "'; this program takes " + list);
+      }
+    }
+  }
   std::string get(const char* name, const std::string& fallback) const {
-    for (int i = 1; i + 1 < argc_; ++i)
-      if (std::strcmp(argv_[i], name) == 0) return argv_[i + 1];
+    for (int i = 1; i < argc_; ++i)
+      if (std::strcmp(argv_[i], name) == 0) {
+        if (i + 1 >= argc_) throw kiln::error(std::string(name) + ": expected a value after the flag, found none");
+        return argv_[i + 1];
+      }
     return fallback;
   }
   long long get_int(const char* name, long long fallback) const {
-    std::string v = get(name, "");
-    return v.empty() ? fallback : std::atoll(v.c_str());
+    const std::string v = get(name, "");
+    if (v.empty()) return fallback;
+    long long value = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+    if (ec != std::errc() || end != v.data() + v.size())
+      throw kiln::error(std::string(name) + ": expected an integer, found '" + v + "'");
+    return value;
   }
   bool has(const char* name) const {
     for (int i = 1; i < argc_; ++i)
@@ -31,6 +60,7 @@ class flags {
  private:
   int argc_;
   char** argv_;
+  std::vector<const char*> known_;
 };
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {

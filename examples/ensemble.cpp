@@ -19,7 +19,7 @@ using namespace kiln;
 using static_mlp = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--models", "--seed"});
   int count = static_cast<int>(flags.get_int("--models", 5));
   int epochs = static_cast<int>(flags.get_int("--epochs", 1));
   std::string mode = flags.get("--mode", "mixed");

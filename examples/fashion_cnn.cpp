@@ -26,7 +26,7 @@ nn::Sequential dynamic_cnn(std::uint64_t seed) {
 }
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--seed", "--shift"});
   std::string mode = flags.get("--mode", "static");
   int epochs = static_cast<int>(flags.get_int("--epochs", 5));
   int threads = static_cast<int>(flags.get_int("--threads", 1));

@@ -107,7 +107,8 @@ outcome run_dynamic(const dataset& pre_train, const dataset& pre_test, const dat
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv,
+                        {"--data", "--epochs", "--frozen", "--mode", "--pretrain-epochs", "--samples", "--seed"});
   std::string mode = flags.get("--mode", "both");
   index_t samples = flags.get_int("--samples", 300);
   int pre_epochs = static_cast<int>(flags.get_int("--pretrain-epochs", 1));

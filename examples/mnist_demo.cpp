@@ -49,7 +49,7 @@ mode_result train_mode(const char* mode, Net& net, const examples::mnist_data& m
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--schedule", "--seed"});
   int epochs = static_cast<int>(flags.get_int("--epochs", 5));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));

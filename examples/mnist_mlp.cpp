@@ -82,7 +82,7 @@ outcome run_loop(const examples::mnist_data& mnist, int epochs, std::uint64_t se
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--schedule", "--seed", "--style"});
   std::string mode = flags.get("--mode", "static"), style = flags.get("--style", "fit");
   int epochs = static_cast<int>(flags.get_int("--epochs", 5));
   int threads = static_cast<int>(flags.get_int("--threads", 1));

@@ -51,7 +51,7 @@ void print_dynamic_state(const char* title, nn::Sequential& model) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--seed"});
   std::string mode = flags.get("--mode", "static");
   int epochs = static_cast<int>(flags.get_int("--epochs", 1));
   int threads = static_cast<int>(flags.get_int("--threads", 1));

@@ -47,8 +47,8 @@ run_result train(Step&& step, long long steps) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  examples::flags flags(argc, argv);
+int main(int argc, char** argv) try {
+  examples::flags flags(argc, argv, {"--seed", "--steps"});
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   long long steps = flags.get_int("--steps", 2000);
   std::uint64_t seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
@@ -88,4 +88,7 @@ int main(int argc, char** argv) {
   std::printf("losses %s; dynamic/static time per step: %.2fx\n", same ? "identical in both modes" : "DIFFER",
               dynamic_result.step_us / static_result.step_us);
   return same ? 0 : 1;
+} catch (const kiln::error& e) {
+  std::fprintf(stderr, "seed_regression: %s\n", e.what());
+  return 1;
 }

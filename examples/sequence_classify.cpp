@@ -41,8 +41,8 @@ outcome fit(Net& net, const data::tensor_dataset<float, std::int64_t>& train,
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  examples::flags flags(argc, argv);
+int main(int argc, char** argv) try {
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--limit", "--mode", "--seed"});
   std::string mode = flags.get("--mode", "static");
   int epochs = static_cast<int>(flags.get_int("--epochs", 2));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
@@ -76,4 +76,7 @@ int main(int argc, char** argv) {
   std::printf("RESULT example=sequence_classify mode=%s epochs=%d test_acc=%.4f train_s=%.2f step_us=%.1f\n",
               mode.c_str(), epochs, r.test_acc, r.train_s, r.step_us);
   return r.test_acc >= 0.97 || limit > 0 ? 0 : 1;
+} catch (const kiln::error& e) {
+  std::fprintf(stderr, "sequence_classify: %s\n", e.what());
+  return 1;
 }

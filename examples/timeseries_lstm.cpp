@@ -108,8 +108,8 @@ outcome run_dynamic(index_t layers, const windows& tr, const windows& val, int e
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  examples::flags flags(argc, argv);
+int main(int argc, char** argv) try {
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--seed"});
   std::string mode = flags.get("--mode", "static");
   int epochs = static_cast<int>(flags.get_int("--epochs", 400));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
@@ -158,4 +158,7 @@ int main(int argc, char** argv) {
   std::printf("RESULT example=timeseries_lstm mode=%s layers=2 val_rmse=%.3f train_s=%.3f step_us=%.1f\n", mode.c_str(),
               two.val_rmse, two.train_s, two.step_us);
   return 0;
+} catch (const kiln::error& e) {
+  std::fprintf(stderr, "timeseries_lstm: %s\n", e.what());
+  return 1;
 }
