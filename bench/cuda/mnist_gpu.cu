@@ -212,7 +212,7 @@ double worst_relative(const std::vector<float>& a, const std::vector<float>& b, 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--data", "--seed"});
   const int threads = static_cast<int>(flags.get_int("--threads", 1));
   const auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
   const cudaError_t status = kiln::cuda::device_status();

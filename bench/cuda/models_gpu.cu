@@ -164,7 +164,7 @@ bool run_workload(const std::string& workload, std::vector<system_under_test> sy
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv);
+  examples::flags flags(argc, argv, {"--steps", "--workload"});
   const std::string workload = flags.get("--workload", "all");
   const index_t steps = flags.get_int("--steps", 50);
   const cudaError_t status = kiln::cuda::device_status();
