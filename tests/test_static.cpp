@@ -65,3 +65,58 @@ TEST_CASE("static model whose first layer is an activation") {
       CHECK(y.at(s, o) == doctest::Approx(expected).epsilon(1e-5));
     }
 }
+
+TEST_CASE("a copied static model is a model of its own") {
+  using Net = Sequential<policy::cpu, Input<6>, Dense<8, ReLU>, Dense<3>>;
+  auto original = std::make_unique<Net>(4, 21);
+  Tensor<float> x(shape{4, 6});
+  Tensor<std::int64_t> y(shape{4}, {0, 1, 2, 1});
+  for (index_t i = 0; i < x.numel(); ++i) x[i] = float(i % 7) * 0.25f - 0.5f;
+  optim::Adam opt({.lr = 1e-2});
+  original->train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  original->freeze(0);
+
+  Net copy = *original;
+  CHECK(copy.is_frozen(0));
+  auto a = original->predict(x), b = copy.predict(x);
+  CHECK(std::equal(a.span().begin(), a.span().end(), b.span().begin()));
+  // The copy's forward writes its own workspace, and unfreezing it leaves the original frozen.
+  CHECK(copy.forward(x.view()).data() != original->last_output().data());
+  copy.unfreeze(0);
+  CHECK(original->is_frozen(0));
+  // It outlives the original (the member-wise copy read the original's freed workspace here).
+  original.reset();
+  auto c = copy.predict(x);
+  CHECK(std::equal(b.span().begin(), b.span().end(), c.span().begin()));
+  // And trains with an optimizer of its own.
+  optim::Adam copy_opt({.lr = 1e-2});
+  CHECK(std::isfinite(copy.train_step(x.view(), y.view(), loss::cross_entropy{}, copy_opt)));
+}
+
+TEST_CASE("static models refuse an optimizer holding another model's parameters, and impossible batch sizes") {
+  using Net = Sequential<policy::cpu, Input<6>, Dense<3>>;
+  Net first(4, 1), second(4, 2);
+  Tensor<float> x(shape{4, 6}, 0.5f);
+  Tensor<std::int64_t> y(shape{4}, {0, 1, 2, 1});
+  optim::Adam opt({.lr = 1e-2});
+  first.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  // Shared, it kept updating the first model and never trained the second.
+  CHECK_THROWS_WITH_AS(second.train_step(x.view(), y.view(), loss::cross_entropy{}, opt),
+                       doctest::Contains("another model's"), kiln::error);
+  // Freezing a layer without parameters froze nothing, silently.
+  Sequential<policy::cpu, Input<6>, Dense<3, ReLU>, Dropout<0.5>, Dense<2>> with_dropout(4);
+  CHECK_THROWS_WITH_AS(with_dropout.freeze(1), doctest::Contains("which has none"), kiln::error);
+  // The workspace size for 2^62 samples overflowed to a tiny one, which the first forward overran.
+  CHECK_THROWS_WITH_AS(Net(index_t{1} << 62), doctest::Contains("expected at most"), kiln::error);
+}
+
+TEST_CASE("batch normalisation refuses to train on one value per channel") {
+  using Net = Sequential<policy::cpu, Input<3>, BatchNorm1d<>, Dense<2>>;
+  Net net(4, 5);
+  Tensor<float> one(shape{1, 3}, {1, 2, 3});
+  Tensor<std::int64_t> label(shape{1}, {1});
+  optim::SGD opt({.lr = 0.1});
+  CHECK_THROWS_WITH_AS(net.train_step(one.view(), label.view(), loss::cross_entropy{}, opt),
+                       doctest::Contains("more than 1 value per channel"), kiln::error);
+  CHECK(net.predict(one).shape() == shape{1, 2});  // evaluation uses the running statistics: fine
+}

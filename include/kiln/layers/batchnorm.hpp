@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/error.hpp"
 #include "kiln/core/static_shape.hpp"
 #include "kiln/layers/layer_context.hpp"
 #include "kiln/layers/parameter_info.hpp"
@@ -31,6 +32,10 @@ void batch_norm_forward(const T* x, const T* gamma, const T* beta, T* y, T* save
                         const batch_norm_state<T>& state, index_t batch, index_t channels, index_t spatial, T eps,
                         T momentum, bool training) {
   if (training) {
+    // As PyTorch: one value per channel has no spread to normalise by, and its unbiased variance would divide by 0.
+    if (batch * spatial < 2)
+      fail("BatchNorm: expected more than 1 value per channel when training, found ", batch, " sample",
+           batch == 1 ? "" : "s", " of ", spatial, " value", spatial == 1 ? "" : "s", " per channel");
     Policy::batch_norm_forward_train(x, gamma, beta, y, save_mean, save_invstd, state.running_mean, state.running_var,
                                      batch, channels, spatial, eps, momentum);
     if (state.num_batches_tracked) Policy::batch_norm_count_batch(state.num_batches_tracked);

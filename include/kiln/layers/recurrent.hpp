@@ -449,6 +449,8 @@ struct rnn_options {
 template <class Cell, index_t Hidden, index_t Layers, bool Bidirectional, rnn_options Options, rnn_output Output>
 struct recurrent_layer {
   static_assert(Hidden > 0 && Layers > 0, "kiln::LSTM / kiln::GRU: Hidden and Layers must be positive");
+  static_assert(Options.dropout >= 0.0f && Options.dropout < 1.0f,
+                "kiln::LSTM / kiln::GRU: rnn_options::dropout must be in [0, 1)");
   static constexpr const char* name = Cell::name;
 
   template <class In>

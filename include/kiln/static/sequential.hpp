@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <tuple>
@@ -146,16 +148,51 @@ class Sequential {
   explicit Sequential(index_t max_batch, std::uint64_t seed = 0, static_options options = {})
       : max_batch_(max_batch), options_(options) {
     if (max_batch <= 0) fail("Sequential: expected a positive maximum batch, found ", max_batch);
+    // The workspace holds each layer's output and gradient and its scratch for max_batch samples: a product that
+    // overflowed planned a tiny workspace, and the first forward wrote past it.
+    constexpr index_t per_sample = workspace_per_sample(std::make_index_sequence<layer_count>{});
+    constexpr index_t largest_batch = (index_t{1} << 46) / (per_sample + input_shape::size + output_shape::size + 1);
+    if (max_batch > largest_batch)
+      fail("Sequential: a maximum batch of ", max_batch, " needs ", per_sample, " workspace values per sample, more ",
+           "than memory can hold; expected at most ", largest_batch);
     params_ = policy_buffer<T>(flat_parameter_size);
     grads_ = policy_buffer<T>(flat_parameter_size);
     buffers_ = policy_buffer<T>(flat_buffer_size);
     // The optimizer updates the whole flat buffer, alignment padding included: its gradient must stay zero.
     if (flat_parameter_size > 0) Policy::fill(grads_.data(), T(0), flat_parameter_size);
     if (flat_buffer_size > 0) Policy::fill(buffers_.data(), T(0), flat_buffer_size);
-    plan_workspace(std::make_index_sequence<layer_count>{});
-    plan_staging();
+    try {
+      plan_workspace(std::make_index_sequence<layer_count>{});
+      plan_staging();
+    } catch (const std::bad_alloc&) {
+      fail("Sequential: cannot allocate the workspace for a maximum batch of ", max_batch, " (", per_sample,
+           " values per sample)");
+    }
     initialize(seed);
   }
+
+  // A copy is a model of its own: the same parameters, gradients, running statistics, generators, frozen layers and
+  // mode, with its own workspace. (Member-wise, the copy's layer pointers would have read and written the original's
+  // workspace, and freezing one would have frozen both.)
+  Sequential(const Sequential& other) : Sequential(other.max_batch_, 0, other.options_) {
+    if (flat_parameter_size > 0) {
+      Policy::copy(other.params_.data(), params_.data(), flat_parameter_size);
+      Policy::copy(other.grads_.data(), grads_.data(), flat_parameter_size);
+    }
+    if (flat_buffer_size > 0) Policy::copy(other.buffers_.data(), buffers_.data(), flat_buffer_size);
+    generators_ = other.generators_;
+    training_ = other.training_;
+    *trainable_ = *other.trainable_;
+    any_frozen_ = other.any_frozen_;
+  }
+  Sequential& operator=(const Sequential& other) {
+    if (this != &other) *this = Sequential(other);
+    return *this;
+  }
+  // Moving keeps every buffer where it is, so the layer pointers stay valid.
+  Sequential(Sequential&&) noexcept = default;
+  Sequential& operator=(Sequential&&) noexcept = default;
+  ~Sequential() = default;
 
   // Re-draws every parameter as a freshly constructed model with this seed would. The draws happen on the host (one
   // generator for every policy, so CPU and GPU models start from the same numbers) and are uploaded.
@@ -334,6 +371,9 @@ class Sequential {
   // add_parameters(parameters())): from then on its slots carry each layer's flag. Gradients are still computed.
   void freeze(std::size_t layer, bool frozen = true) {
     if (layer >= layer_count) fail("Sequential::freeze: expected a layer index below ", layer_count, ", found ", layer);
+    if (frozen && param_offsets[layer + 1] == param_offsets[layer])
+      fail("Sequential::freeze: expected a layer with parameters, found layer ", layer, " (",
+           summary_rows()[layer].name, "), which has none");
     (*trainable_)[layer] = !frozen;
     if (frozen) any_frozen_ = true;
   }
@@ -504,6 +544,24 @@ class Sequential {
     }(std::make_index_sequence<layer_count>{});
   }
 
+  // An optimizer that already holds parameters must hold this model's: one shared between two models kept updating
+  // the first and never trained the second.
+  template <class Optimizer>
+  void check_optimizer_slots(const Optimizer& optimizer) const {
+    if constexpr (requires { optimizer.slots(); }) {
+      const T* first = params_.data();
+      const T* last = first + flat_parameter_size;
+      for (const auto& slot : optimizer.slots())
+        if (std::less<const T*>{}(slot.value, first) || std::less<const T*>{}(last, slot.value + slot.size))
+          fail("Sequential::train_step: expected an optimizer holding this model's parameters (or none yet), found "
+               "one holding another model's; give each model an optimizer of its own");
+    }
+  }
+  template <std::size_t... I>
+  static constexpr index_t workspace_per_sample(std::index_sequence<I...>) {
+    return (index_t{0} + ... + ((bound<I>::aliases_input ? 0 : 2 * bound<I>::output::size) +
+                                bound<I>::scratch_per_sample));
+  }
   template <std::size_t... I>
   void plan_workspace(std::index_sequence<I...>) {
     index_t sizes[] = {(bound<I>::aliases_input ? 0 : detail::align_up(bound<I>::output::size * max_batch_, 16))...};
@@ -600,6 +658,7 @@ class Sequential {
                   "kiln::Sequential: the optimizer must use the model's policy (e.g. optim::basic_adam<float, "
                   "policy::cuda> for a Sequential<policy::cuda, ...>)");
     if (!optimizer.has_parameters()) optimizer.add_parameters(parameters());
+    else check_optimizer_slots(optimizer);
     optimizer.step();
     if (profile_) profile_lap(profile_->update_seconds);
   }
