@@ -140,5 +140,8 @@ TEST_CASE("state_dict round trip and load errors leave the model unchanged") {
   wrong = dict;
   wrong.emplace_back("9.weight", Tensor<float>(shape{1}));
   CHECK_THROWS_WITH_AS(c.load_state_dict(wrong), doctest::Contains("unexpected"), kiln::error);
+  wrong = dict;  // a name twice: the last one silently won
+  wrong.emplace_back(dict[0].first, Tensor<float>(dict[0].second.shape(), 7.0f));
+  CHECK_THROWS_WITH_AS(c.load_state_dict(wrong), doctest::Contains("'0.weight' twice"), kiln::error);
   for (std::size_t i = 0; i < before.size(); ++i) CHECK(c.parameter_values()[i] == before[i]);
 }

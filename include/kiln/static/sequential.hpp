@@ -466,7 +466,11 @@ class Sequential {
     for (auto& p : infos) {
       const Tensor<T>* found = nullptr;
       for (auto& [name, tensor] : dict)
-        if (name == p.name) found = &tensor;
+        if (name == p.name) {
+          // Which of two entries of one name would win is a guess the caller did not mean to leave to us.
+          if (found) fail("Sequential::load_state_dict: expected each name once, found '", p.name, "' twice");
+          found = &tensor;
+        }
       if (!found) fail("Sequential::load_state_dict: missing parameter '", p.name, "' of shape ", p.shape);
       if (!(found->shape() == p.shape))
         fail("Sequential::load_state_dict: parameter '", p.name, "' expected shape ", p.shape, ", found ",
