@@ -98,6 +98,10 @@ class Model {
 
  public:
   explicit Model(Net& net) : net_(net) {}
+  // Not copied or moved: what compile() sets up refers to this object, and a copy would train through the original
+  // (after it is gone, through a dangling pointer). Make another Model over the same net instead.
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   // Chooses the optimizer (taken by value; it is given the model's parameters), the loss and the metrics.
   template <class Optimizer, class Loss>
