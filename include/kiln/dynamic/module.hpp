@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -209,6 +210,26 @@ class basic_module {
     init_seed_ = seed;
     init_stream_ = stream;
     reset_parameters(rng);
+  }
+  // Whether this module's own parameters still hold exactly what its init stream draws, i.e. nothing (an assignment
+  // through value(), load_state_dict, an optimizer step) has changed them since the draw. Writes can come through any
+  // pointer, so rather than track them this draws the stream again and compares; the values found are put back
+  // either way. A module that drew no stream has nothing to compare and counts as unchanged.
+  bool holds_initial_values() {
+    if (!has_init_) return true;
+    std::vector<Tensor<T>> found;
+    for (const auto& p : parameters_) found.push_back(p.second.tensor());
+    random_generator rng(init_seed_, init_stream_);
+    reset_parameters(rng);
+    bool same = true;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const variable& v = parameters_[i].second;
+      const Tensor<T> drawn = v.tensor();
+      const auto bytes = static_cast<std::size_t>(v.numel()) * sizeof(T);
+      if (bytes && std::memcmp(drawn.data(), found[i].data(), bytes) != 0) same = false;
+      detail::copy_values_from_host(found[i].data(), v.data(), v.numel());
+    }
+    return same;
   }
 
  protected:

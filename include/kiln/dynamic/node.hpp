@@ -78,7 +78,7 @@ struct variable_node {
   int creator = -1;            // index of the tape entry that produced this value, -1 for none (or no longer)
   bool requires_grad = false;  // for a parameter also its trainable flag, which the optimizer reads
   bool is_leaf = true;         // made by the user or a module rather than by an op
-  bool graph_freed = false;    // an op made it, and the tape that could differentiate it has been cleared
+  bool graph_freed = false;    // an op made it, and backward() or clear_tape() has freed the graph behind it
   kiln::shape shape;
   T* value = nullptr;
   T* grad = nullptr;                       // null until a gradient reaches it (or, for parameters, registration)
@@ -88,6 +88,7 @@ struct variable_node {
   storage_block value_block, grad_block;  // what value and grad were allocated as (value_block empty when aliasing)
   variable_node* storage_owner = nullptr;  // holds a reference when value lives in another node's storage
   storage_block self_block;                // the node's own memory, from the same cache as tensor storage
+  variable_node* next_to_destroy = nullptr;  // links the nodes that destroy_node has yet to destroy
 };
 
 // Called when a node that an op produced dies: the tape drops its entry (defined in tape.hpp).
@@ -99,16 +100,42 @@ KILN_ALWAYS_INLINE void retain(variable_node<T>* n) {
   if (n) ++n->refs;
 }
 
+// Destroying a node releases what it holds (its creator's inputs, the node whose storage it shares), which can
+// destroy more nodes in turn: a chain as long as the ops recorded in a loop (acc = acc + x, 100000 times). Nodes that
+// die while another is being destroyed wait on a list that the outermost call works through, so the stack stays flat.
+template <class T>
+struct destruction_queue {
+  variable_node<T>* head = nullptr;
+  bool running = false;
+};
+template <class T>
+destruction_queue<T>& pending_destruction() {
+  static thread_local destruction_queue<T> queue;
+  return queue;
+}
+
 template <class T>
 void destroy_node(variable_node<T>* n) {
-  if (n->creator >= 0) forget_creator(n);
-  free_tensor_storage(n->grad_block);
-  free_tensor_storage(n->value_block);
-  variable_node<T>* owner = n->storage_owner;
-  storage_block self = n->self_block;
-  n->~variable_node();
-  free_storage(self);
-  if (owner && --owner->refs == 0) destroy_node(owner);
+  auto& queue = pending_destruction<T>();
+  if (queue.running) {
+    n->next_to_destroy = queue.head;
+    queue.head = n;
+    return;
+  }
+  queue.running = true;
+  while (n) {
+    if (n->creator >= 0) forget_creator(n);
+    free_tensor_storage(n->grad_block);
+    free_tensor_storage(n->value_block);
+    variable_node<T>* owner = n->storage_owner;
+    storage_block self = n->self_block;
+    n->~variable_node();
+    free_storage(self);
+    if (owner && --owner->refs == 0) destroy_node(owner);
+    n = queue.head;
+    if (n) queue.head = n->next_to_destroy;
+  }
+  queue.running = false;
 }
 
 template <class T>

@@ -6,7 +6,10 @@
 // Lifetime: an entry holds references to its inputs but not to its output. When the output dies (the user dropped
 // it and no later op used it), its entry dies too and releases its inputs, and dead entries at the end of the tape are
 // popped; so a forward pass whose result is thrown away (evaluation without no_grad) leaves nothing behind, as in
-// PyTorch. backward() walks the tape in reverse from the loss's entry and then clears the whole tape.
+// PyTorch. backward() walks the tape in reverse from the loss's entry and frees the entries it went through (the graph
+// of that loss), as PyTorch does without retain_graph: other graphs recorded beside it (a generator's output whose
+// discriminator loss used a detached copy) stay differentiable, and a later backward that would have to go through a
+// freed part raises an error instead of dropping the gradient that should have flowed there.
 #pragma once
 
 #include <vector>
@@ -72,6 +75,7 @@ class tape {
     retain(b);
     retain(c);
     retain(d);
+    if (entries_.size() == entries_.capacity()) compact();
     out->creator = static_cast<int>(entries_.size());
     entries_.push_back(tape_entry<T>{fn, out, {a, b, c, d}, scalar, aux});
   }
@@ -82,26 +86,36 @@ class tape {
     variable_node<T>* inputs[4] = {e.in[0], e.in[1], e.in[2], e.in[3]};
     e.out = nullptr;
     e.in[0] = e.in[1] = e.in[2] = e.in[3] = nullptr;
-    for (auto* n : inputs) release(n);  // may recurse into forget() for earlier entries
-    while (!entries_.empty() && entries_.back().out == nullptr) entries_.pop_back();
+    for (auto* n : inputs) release(n);  // may come back into forget() for earlier entries
+    pop_dead_entries();
   }
 
-  // Back-propagates from root (which holds one element and requires grad), then clears the tape.
+  // Back-propagates from root (which holds one element, requires grad and was made by an op), then frees the entries
+  // it went through. An entry whose output got no gradient is not part of this loss's graph and stays.
   void backward(variable_node<T>* root) {
-    struct clear_at_exit {
+    struct free_at_exit {
       tape* self;
-      ~clear_at_exit() {
+      int top;
+      ~free_at_exit() {
         self->seeded_root_ = nullptr;
-        self->clear();
+        self->free_walked(top);
       }
-    } guard{this};
+    } guard{this, root->creator};
     seed_gradient(root);
     seeded_root_ = root->is_leaf ? nullptr : root;
     for (int i = root->creator; i >= 0; --i) {
-      const auto& e = entries_[static_cast<std::size_t>(i)];
-      if (!e.out || !e.out->grad) continue;  // dead, or nothing flows back through it
+      auto& e = entries_[static_cast<std::size_t>(i)];
+      if (!e.out || !e.out->grad) continue;  // dead, or not part of this loss's graph
+      for (auto* n : e.in)
+        if (n && n->graph_freed && n->requires_grad) fail_freed(n);
       e.backward(e);
-      if (!e.out->is_leaf) free_grad(e.out);  // consumed: every user of this value came later on the tape
+      // Consumed (every user of this value came later on the tape): its gradient goes, and so does its graph, whose
+      // inputs free_walked releases once the walk is over (releasing now could destroy a value the walk has yet to
+      // reach). The inputs checked above all come from earlier entries, so none is marked freed before it is read.
+      variable_node<T>* out = std::exchange(e.out, nullptr);
+      if (!out->is_leaf) free_grad(out);
+      out->creator = -1;
+      out->graph_freed = true;
     }
   }
 
@@ -126,6 +140,53 @@ class tape {
   }
 
  private:
+  // An entry that refers to nothing any more: its output died or backward freed it, and its inputs are released.
+  static bool holds_nothing(const tape_entry<T>& e) {
+    return !e.out && !e.in[0] && !e.in[1] && !e.in[2] && !e.in[3];
+  }
+  void pop_dead_entries() {
+    while (!entries_.empty() && holds_nothing(entries_.back())) entries_.pop_back();
+  }
+
+  // After backward's walk over entries [0, top]: releases the inputs of the entries it freed, and drops the gradients
+  // that an aborted walk (an error) left on values it had yet to reach. Releasing can destroy values and so forget()
+  // entries further down, which pops the end of the tape: hence the index check, and the entries still holding
+  // inputs count as alive there until their turn comes.
+  void free_walked(int top) {
+    for (int i = top; i >= 0; --i) {
+      if (static_cast<std::size_t>(i) >= entries_.size()) continue;
+      auto& e = entries_[static_cast<std::size_t>(i)];
+      if (e.out) {
+        if (e.out->grad && !e.out->is_leaf) free_grad(e.out);
+        continue;
+      }
+      variable_node<T>* inputs[4] = {e.in[0], e.in[1], e.in[2], e.in[3]};
+      e.in[0] = e.in[1] = e.in[2] = e.in[3] = nullptr;
+      for (auto* n : inputs) release(n);
+    }
+    pop_dead_entries();
+  }
+
+  // Squeezes out dead entries that are not at the end (an older graph is still alive above them) when the vector is
+  // full, so that a graph kept alive across training steps does not make the tape grow by a step's worth each step.
+  // Growing the capacity when few are dead keeps the scans amortised O(1) per record.
+  void compact() {
+    std::size_t kept = 0;
+    for (auto& e : entries_) {
+      if (holds_nothing(e)) continue;
+      if (e.out) e.out->creator = static_cast<int>(kept);
+      entries_[kept++] = e;
+    }
+    entries_.resize(kept);
+    if (kept * 2 > entries_.capacity()) entries_.reserve(entries_.capacity() * 2);
+  }
+
+  [[noreturn]] static void fail_freed(const variable_node<T>* n) {
+    fail("Variable::backward: this loss depends on a value of shape ", n->shape,
+         " whose graph was freed by an earlier backward() (or clear_tape()), so no gradient can flow back through it; "
+         "compute the value again for this loss, or detach() it where it should act as a constant");
+  }
+
   std::vector<tape_entry<T>> entries_;
   variable_node<T>* seeded_root_ = nullptr;
 };

@@ -131,8 +131,8 @@ class basic_variable {
     if (!checked()->grad) detail::allocate_grad(node_, true);
   }
 
-  // Back-propagates from this one-element value (seeded with 1) into every leaf that requires grad, then clears
-  // this thread's tape.
+  // Back-propagates from this one-element value (seeded with 1) into every leaf that requires grad, then frees the
+  // graph it went through (as PyTorch without retain_graph); other graphs on this thread's tape stay usable.
   void backward() const {
     if (numel() != 1)
       fail("Variable::backward: expected a value with one element (a loss), found shape ", shape(),

@@ -116,12 +116,15 @@ class basic_adam : public optimizer_base<T, Policy> {
   }
 
  private:
+  // The values torch.optim.Adam and AdamW reject, written so that NaNs fail too.
   void validate() const {
-    if (options_.lr < 0) fail(Decoupled ? "AdamW" : "Adam", ": expected lr >= 0, found ", options_.lr);
-    if (options_.beta1 < 0 || options_.beta1 >= 1 || options_.beta2 < 0 || options_.beta2 >= 1)
-      fail(Decoupled ? "AdamW" : "Adam", ": expected betas in [0, 1), found (", options_.beta1, ", ", options_.beta2,
-           ")");
-    if (options_.eps < 0) fail(Decoupled ? "AdamW" : "Adam", ": expected eps >= 0, found ", options_.eps);
+    const char* name = Decoupled ? "AdamW" : "Adam";
+    auto in_unit_interval = [](double beta) { return beta >= 0 && beta < 1; };
+    if (!(options_.lr >= 0)) fail(name, ": expected lr >= 0, found ", options_.lr);
+    if (!in_unit_interval(options_.beta1) || !in_unit_interval(options_.beta2))
+      fail(name, ": expected betas in [0, 1), found (", options_.beta1, ", ", options_.beta2, ")");
+    if (!(options_.eps >= 0)) fail(name, ": expected eps >= 0, found ", options_.eps);
+    if (!(options_.weight_decay >= 0)) fail(name, ": expected weight_decay >= 0, found ", options_.weight_decay);
   }
   options_type options_;
   std::vector<slot_state> state_;

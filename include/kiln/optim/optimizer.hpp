@@ -45,9 +45,13 @@ class optimizer_base {
     }
   }
   double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
+  // A new learning rate (a schedule's); as the constructors, rejects a negative one or NaN.
+  void set_lr(double lr) {
+    if (!(lr >= 0)) fail("optimizer set_lr: expected lr >= 0, found ", lr);
+    lr_ = lr;
+  }
   long long steps_taken() const { return steps_; }
-  // Restoring a checkpoint: the count of steps already taken (SGD starts its momentum on step 0).
+  // Restoring a checkpoint: the count of steps already taken.
   void set_steps_taken(long long steps) { steps_ = steps; }
 
   // The penalty term l1 * sum|p| + l2 * sum p^2 over all parameters, to report beside the data loss.
@@ -61,7 +65,10 @@ class optimizer_base {
   }
 
  protected:
-  optimizer_base(double lr, regularization r) : lr_(lr), regularization_(r) {}
+  optimizer_base(double lr, regularization r) : lr_(lr), regularization_(r) {
+    if (!(r.l1 >= 0) || !(r.l2 >= 0))
+      fail("optimizer: expected regularization l1 >= 0 and l2 >= 0, found l1 = ", r.l1, " and l2 = ", r.l2);
+  }
 
   // Runs body(slot, index) for each trainable slot after regularising its gradient.
   template <class Body>

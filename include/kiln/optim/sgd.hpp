@@ -19,7 +19,7 @@ struct sgd_options {
   regularization regularize{};
 };
 
-// SGD over any parameters; one momentum buffer per slot, allocated on the first step.
+// SGD over any parameters; one momentum buffer per slot, allocated on the slot's first update.
 template <class T = float, class Policy = policy::cpu>
 class basic_sgd : public optimizer_base<T, Policy> {
   using base = optimizer_base<T, Policy>;
@@ -32,22 +32,28 @@ class basic_sgd : public optimizer_base<T, Policy> {
   }
 
   void step() {
-    bool first = this->steps_ == 0;
-    if (first) momentum_.resize(this->slots_.size());
+    if (momentum_.size() < this->slots_.size()) momentum_.resize(this->slots_.size());  // slots added since
     this->for_each_trainable([&](parameter_slot<T>& s, std::size_t i) {
-      if (options_.momentum != 0 && momentum_[i].size() != s.size) momentum_[i] = this->zeroed_buffer(s.size);
+      // As PyTorch, a slot's buffer starts as its first gradient, undampened, on the slot's own first update: a slot
+      // added later, or frozen until now, starts then, not on the optimizer's first step.
+      bool first = momentum_[i].size() != s.size;
+      if (options_.momentum != 0 && first) momentum_[i] = this->zeroed_buffer(s.size);
       kernels::cpu::sgd_step_args<T> args{T(this->lr_),           T(options_.momentum), T(options_.dampening),
                                           T(options_.weight_decay), options_.nesterov,    first};
       Policy::sgd_update(s.value, s.grad, momentum_[i].data(), s.size, args);
     });
   }
   const sgd_options& options() const { return options_; }
-  // One momentum buffer per slot (empty until the first step), in the policy's memory.
+  // One momentum buffer per slot (empty until the slot's first update with momentum), in the policy's memory.
   std::vector<typename base::state_buffer>& momentum_buffers() { return momentum_; }
 
  private:
+  // The values torch.optim.SGD rejects, and NaNs, which every comparison lets through unless it is written to fail.
   void validate() const {
-    if (options_.lr < 0) fail("SGD: expected lr >= 0, found ", options_.lr);
+    if (!(options_.lr >= 0)) fail("SGD: expected lr >= 0, found ", options_.lr);
+    if (!(options_.momentum >= 0)) fail("SGD: expected momentum >= 0, found ", options_.momentum);
+    if (options_.dampening != options_.dampening) fail("SGD: expected a number for dampening, found NaN");
+    if (!(options_.weight_decay >= 0)) fail("SGD: expected weight_decay >= 0, found ", options_.weight_decay);
     if (options_.nesterov && (options_.momentum <= 0 || options_.dampening != 0))
       fail("SGD: Nesterov momentum needs momentum > 0 and dampening 0, found momentum ", options_.momentum,
            " and dampening ", options_.dampening);

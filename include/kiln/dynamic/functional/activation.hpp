@@ -39,9 +39,22 @@ template <class T>
 basic_variable<T> relu(const basic_variable<T>& x) {
   return detail::activation_op(x, activation::relu, T(0), "relu");
 }
-// x for x > 0, negative_slope * x otherwise.
+namespace detail {
+// The shared backward kernel, as static mode's fused epilogues need, reads the sign of x from the output y, which a
+// negative slope makes ambiguous (both signs of x give y > 0); static mode's LeakyReLU<Slope> rejects such slopes at
+// compile time, and dynamic mode rejects them here rather than return a wrong gradient.
+template <class T>
+void check_negative_slope(T negative_slope, const char* where) {
+  if (!(negative_slope >= T(0)))
+    fail(where, ": expected negative_slope >= 0, found ", negative_slope,
+         " (a negative slope makes the output's sign, which the backward reads, no longer tell the input's)");
+}
+}  // namespace detail
+
+// x for x > 0, negative_slope * x otherwise; negative_slope must not be negative (kiln::error).
 template <class T>
 basic_variable<T> leaky_relu(const basic_variable<T>& x, std::type_identity_t<T> negative_slope = T(0.01)) {
+  detail::check_negative_slope(negative_slope, "leaky_relu");
   return detail::activation_op(x, activation::leaky_relu, negative_slope, "leaky_relu");
 }
 // x * Phi(x), the exact erf form (PyTorch's approximate='none').

@@ -174,10 +174,18 @@ basic_variable<T> rnn_op(const basic_variable<T>& x, const basic_variable<T>& hx
   if (hn) {
     const index_t L = d.num_layers * d.directions();
     bool pair = Cell::has_cell_state;
-    kiln::shape expected = pair ? kiln::shape{2, L, h.batch, d.hidden_size} : kiln::shape{L, h.batch, d.hidden_size};
-    if (hn->shape != expected)
-      fail(Cell::name, ": expected initial state", pair ? "s (h_0, c_0) stacked as " : " h_0 of shape ", expected,
-           ", found ", hn->shape);
+    const kiln::shape state{L, h.batch, d.hidden_size};
+    const kiln::shape expected = pair ? kiln::shape{2, L, h.batch, d.hidden_size} : state;
+    if (hn->shape != expected) {
+      // Said in the caller's terms: an LSTM's h_0 and c_0 arrive stacked (stack_states checked they match), and the
+      // stacked shape is ours, not theirs.
+      const kiln::shape& s = hn->shape;
+      const bool stacked = pair && s.rank() == 4 && s[0] == 2;
+      fail(Cell::name, ": expected ", pair ? "h_0 and c_0" : "h_0",
+           " of shape (num_layers * num_directions, batch, hidden_size) = ", state, ", found ",
+           stacked ? kiln::shape{s[1], s[2], s[3]} : s,
+           stacked ? "" : pair ? " (expected h_0 and c_0 stacked by stack_states)" : "");
+    }
     h.has_h0 = true;
     h.has_c0 = pair;
   }

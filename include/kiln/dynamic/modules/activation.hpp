@@ -17,11 +17,13 @@ class basic_relu : public basic_module<T> {
   std::string name() const override { return "ReLU"; }
 };
 
-// x for x > 0, negative_slope * x otherwise.
+// x for x > 0, negative_slope * x otherwise; negative_slope must not be negative (kiln::error, as nn::leaky_relu).
 template <class T>
 class basic_leaky_relu : public basic_module<T> {
  public:
-  explicit basic_leaky_relu(T negative_slope = T(0.01)) : slope_(negative_slope) {}
+  explicit basic_leaky_relu(T negative_slope = T(0.01)) : slope_(negative_slope) {
+    detail::check_negative_slope(negative_slope, "LeakyReLU");
+  }
   basic_variable<T> forward(const basic_variable<T>& x) override { return leaky_relu(x, slope_); }
   std::string name() const override { return "LeakyReLU"; }
   std::string extra_repr() const override {

@@ -79,7 +79,7 @@ struct loss_kernels {
       } else {
         for (index_t c = 0; c < classes; ++c) exp_sum += exp_value(x[c] - max_value);
       }
-      total += std::log(exp_sum) + max_value - label_logit;
+      total += std::log(exp_sum) - (label_logit - max_value);  // as log_softmax: large logits cancel exactly first
     }
     return static_cast<T>(total) * scale;
   }

@@ -24,8 +24,10 @@ struct softmax_kernels {
         T total = 0;
         if (log) {
           for (index_t i = 0; i < size; ++i) total += exp_value(xs[i * inner] - max_value);
-          T log_total = std::log(total) + max_value;
-          for (index_t i = 0; i < size; ++i) ys[i * inner] = xs[i * inner] - log_total;
+          // (x - max) - log(total), not x - (log(total) + max): for logits near 1e4 the sum in brackets rounds to the
+          // float spacing there (2^-10), which the second form would leave in every output.
+          T log_total = std::log(total);
+          for (index_t i = 0; i < size; ++i) ys[i * inner] = (xs[i * inner] - max_value) - log_total;
         } else {
           // Each exponential once, into y (each x is read before its y is written, so y may alias x), then scaled.
           for (index_t i = 0; i < size; ++i) ys[i * inner] = exp_value(xs[i * inner] - max_value);

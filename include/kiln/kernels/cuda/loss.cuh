@@ -73,8 +73,8 @@ __global__ void softmax_cross_entropy_kernel(const T* logits, const std::int64_t
     T exp_sum = 0;
     for (index_t c = lane; c < classes; c += 32) exp_sum += exp(x[c] - max_value);
     exp_sum = warp_reduce(exp_sum, sum_op{});
-    const T log_sum = log(exp_sum) + max_value;
-    if (lane == 0 && valid) total += double(log_sum - x[label]);
+    // log(sum) - (x[label] - max), as on the CPU: the difference of two large logits is exact, their sum is not.
+    if (lane == 0 && valid) total += double(log(exp_sum) - (x[label] - max_value));
     if (grad) {
       T* g = grad + row * classes;
       const T inverse = T(1) / exp_sum;

@@ -38,8 +38,8 @@ __global__ void softmax_rows_forward_kernel(const T* x, T* y, index_t rows, inde
     for (index_t i = lane; i < size; i += 32) total += exp(xs[i] - max_value);
     total = warp_reduce(total, sum_op{});
     if (log) {
-      const T log_total = ::log(total) + max_value;
-      for (index_t i = lane; i < size; i += 32) ys[i] = xs[i] - log_total;
+      const T log_total = ::log(total);  // (x - max) - log(total), as on the CPU: exact for large logits
+      for (index_t i = lane; i < size; i += 32) ys[i] = (xs[i] - max_value) - log_total;
     } else {
       const T inverse = T(1) / total;
       for (index_t i = lane; i < size; i += 32) ys[i] = exp(xs[i] - max_value) * inverse;
@@ -78,8 +78,8 @@ __global__ void softmax_strided_forward_kernel(const T* x, T* y, index_t outer, 
     T total = 0;
     for (index_t i = 0; i < size; ++i) total += exp(xs[i * inner] - max_value);
     if (log) {
-      const T log_total = ::log(total) + max_value;
-      for (index_t i = 0; i < size; ++i) ys[i * inner] = xs[i * inner] - log_total;
+      const T log_total = ::log(total);
+      for (index_t i = 0; i < size; ++i) ys[i * inner] = (xs[i * inner] - max_value) - log_total;
     } else {
       const T inverse = T(1) / total;
       for (index_t i = 0; i < size; ++i) ys[i * inner] = exp(xs[i * inner] - max_value) * inverse;
