@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fixture.hpp"
+#include "io_test_files.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/json.hpp"
 #include "kiln/io/safetensors.hpp"
@@ -17,6 +18,9 @@
 
 using namespace kiln;
 namespace fs = std::filesystem;
+using io_test::make_file;
+using io_test::read_bytes;
+using io_test::write_bytes;
 
 namespace {
 
@@ -30,21 +34,6 @@ fs::path temp_path(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / "kiln_test_io";
   fs::create_directories(dir);
   return dir / name;
-}
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-// A safetensors file from a header text and data bytes.
-std::string make_file(const std::string& header, const std::string& data) {
-  std::string out;
-  std::uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out += static_cast<char>((n >> (8 * i)) & 0xFF);
-  return out + header + data;
 }
 Tensor<float> dynamic_forward(nn::Sequential& m, const Tensor<float>& x) {
   nn::no_grad guard;

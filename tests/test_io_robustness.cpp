@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "io_test_files.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/atomic_file.hpp"
 #include "kiln/io/json.hpp"
@@ -28,6 +29,9 @@
 
 using namespace kiln;
 namespace fs = std::filesystem;
+using io_test::make_file;
+using io_test::read_bytes;
+using io_test::write_bytes;
 
 namespace {
 
@@ -36,21 +40,6 @@ fs::path temp_dir(const std::string& name) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
-}
-std::string read_bytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-// A safetensors file from a header text and data bytes.
-std::string make_file(const std::string& header, const std::string& data = "") {
-  std::string out;
-  std::uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out += static_cast<char>((n >> (8 * i)) & 0xFF);
-  return out + header + data;
 }
 // The entries of a directory whose names start with prefix (temporaries left behind).
 std::vector<std::string> entries_starting_with(const fs::path& dir, const std::string& prefix) {
