@@ -373,7 +373,7 @@ class Sequential {
     if (layer >= layer_count) fail("Sequential::freeze: expected a layer index below ", layer_count, ", found ", layer);
     if (frozen && param_offsets[layer + 1] == param_offsets[layer])
       fail("Sequential::freeze: expected a layer with parameters, found layer ", layer, " (",
-           summary_rows()[layer].name, "), which has none");
+           layer_names()[layer], "), which has none");
     (*trainable_)[layer] = !frozen;
     if (frozen) any_frozen_ = true;
   }
@@ -776,9 +776,7 @@ class Sequential {
                   const Loss& loss, Optimizer& optimizer, step_profile& profile, bool resident_batch) {
     index_t batch = check_input(x, "Sequential::train_step");
     check_target<Loss>(target, batch);
-    std::vector<std::string> layers;
-    for (auto& row : summary_rows()) layers.push_back(row.name);
-    detail::prepare_profile(profile, layers);
+    detail::prepare_profile(profile, layer_names());
     struct detach {  // the model stops timing when the step ends, also by an exception
       step_profile*& slot;
       ~detach() { slot = nullptr; }
@@ -793,6 +791,15 @@ class Sequential {
     update(optimizer);
     ++profile.steps;
     return value;
+  }
+  // The layers' descriptions, as summary() shows them: fixed by the type, so made once rather than every profiled step.
+  static const std::vector<std::string>& layer_names() {
+    static const std::vector<std::string> names = [] {
+      std::vector<std::string> out;
+      for (auto& row : summary_rows()) out.push_back(row.name);
+      return out;
+    }();
+    return names;
   }
   // Adds the time since the previous lap of a profiled step to `slot`, once the policy's work so far has finished.
   void profile_lap(double& slot) {
