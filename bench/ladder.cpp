@@ -7,7 +7,8 @@
 //   5 static + flat       one optimizer update over one flat parameter buffer
 // (6 and 7, the captured step graph and the fully fused kernel, are GPU rungs.)
 // Before any time is reported, every rung's losses over the first steps must be identical to rung 1's: they run the
-// same kernels on the same numbers, so anything else is a bug.
+// same kernels on the same numbers, so anything else is a bug. On mnist_mlp a data loader assembles each batch right
+// before its step and the two are timed apart, as the peers (bench/peers) time their index_select and step.
 //
 //   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|mnist_cnn|lstm|all] [--reps 5]
 //          [--data DIR] [--quick]
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <functional>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,46 +61,86 @@ struct rung {
 
 struct measurement {
   double median_us = 0, min_us = 0, max_us = 0, allocations_per_step = 0;
+  double data_us = -1;  // median time to assemble a batch, where a loader assembles one before each step
 };
+
+measurement summarise(std::vector<double>& times, long long allocations, long long steps) {
+  measurement m;
+  std::sort(times.begin(), times.end());
+  m.median_us = times[times.size() / 2];
+  m.min_us = times.front();
+  m.max_us = times.back();
+  m.allocations_per_step = double(allocations) / double(steps);
+  return m;
+}
 
 // Times every rung `reps` times, `steps` consecutive steps each, after a warm-up. The repetitions are interleaved
 // (rung 1, 2, ..., 5, then again) so that the clock drift of a shared machine, which over a minute reaches 20%, falls
 // on every rung alike instead of on whichever ran last; the ratios between rungs are then measured side by side.
-std::vector<measurement> measure_all(std::vector<rung>& rungs, std::size_t batches, long long steps, int reps) {
+//
+// Without `assemble` the batches are ready before timing, and a rung's time is the median over repetitions of the
+// mean step. With it (a workload read through a data loader), assemble(i) puts batch i together right before step i,
+// as the peers' index_select does, and the two are timed apart, as the peers time them: each step alone, a rung's time
+// being the median over all its steps, and assembling apart (data_us). The step then finds its batch in the cache
+// where the assembling left it, as every peer's step does.
+std::vector<measurement> measure_all(std::vector<rung>& rungs, std::size_t batches, long long steps, int reps,
+                                     const std::function<void(std::size_t)>& assemble) {
+  const auto ready = [&](std::size_t i) {
+    if (assemble) assemble(i);
+  };
   for (auto& r : rungs)
-    for (long long i = 0; i < std::min<long long>(steps, 20); ++i) r.step(static_cast<std::size_t>(i) % batches);
-  std::vector<std::vector<double>> per_step(rungs.size());
-  for (auto& times : per_step) times.reserve(static_cast<std::size_t>(reps));  // no allocation of ours is counted
+    for (long long i = 0; i < std::min<long long>(steps, 20); ++i) {
+      ready(static_cast<std::size_t>(i) % batches);
+      r.step(static_cast<std::size_t>(i) % batches);
+    }
+  const std::size_t samples = static_cast<std::size_t>(reps) * (assemble ? static_cast<std::size_t>(steps) : 1);
+  std::vector<std::vector<double>> step_times(rungs.size()), data_times(rungs.size());
+  for (auto& times : step_times) times.reserve(samples);  // no allocation of ours is counted
+  for (auto& times : data_times) times.reserve(samples);
   std::vector<long long> allocations(rungs.size(), 0);
   for (int rep = 0; rep < reps; ++rep)
     for (std::size_t k = 0; k < rungs.size(); ++k) {
+      ready(0);
       rungs[k].step(0);  // untimed: refills what the previous rung's run evicted (caches, the caching allocator)
-      const long long allocations_before = allocations_now();
-      auto start = std::chrono::steady_clock::now();
-      for (long long i = 0; i < steps; ++i) rungs[k].step(static_cast<std::size_t>(i) % batches);
-      const double seconds = examples::seconds_since(start);
-      allocations[k] += allocations_now() - allocations_before;
-      per_step[k].push_back(seconds * 1e6 / double(steps));
+      if (assemble) {
+        for (long long i = 0; i < steps; ++i) {
+          const auto batch = static_cast<std::size_t>(i) % batches;
+          const auto assembling = std::chrono::steady_clock::now();
+          assemble(batch);
+          const auto stepping = std::chrono::steady_clock::now();
+          const long long allocations_before = allocations_now();
+          rungs[k].step(batch);
+          const auto done = std::chrono::steady_clock::now();
+          allocations[k] += allocations_now() - allocations_before;
+          data_times[k].push_back(std::chrono::duration<double, std::micro>(stepping - assembling).count());
+          step_times[k].push_back(std::chrono::duration<double, std::micro>(done - stepping).count());
+        }
+      } else {
+        const long long allocations_before = allocations_now();
+        auto start = std::chrono::steady_clock::now();
+        for (long long i = 0; i < steps; ++i) rungs[k].step(static_cast<std::size_t>(i) % batches);
+        const double seconds = examples::seconds_since(start);
+        allocations[k] += allocations_now() - allocations_before;
+        step_times[k].push_back(seconds * 1e6 / double(steps));
+      }
     }
   std::vector<measurement> result(rungs.size());
   for (std::size_t k = 0; k < rungs.size(); ++k) {
-    auto& times = per_step[k];
-    std::sort(times.begin(), times.end());
-    result[k].median_us = times[times.size() / 2];
-    result[k].min_us = times.front();
-    result[k].max_us = times.back();
-    result[k].allocations_per_step = double(allocations[k]) / double(steps * reps);
+    result[k] = summarise(step_times[k], allocations[k], steps * reps);
+    if (assemble) result[k].data_us = summarise(data_times[k], 0, 1).median_us;
   }
   return result;
 }
 
-// The batches of a workload, as plain views (static mode) and as dynamic variables made once, before timing, the
-// way a PyTorch user holds preloaded tensors: no rung pays for copying data.
+// The batches of a workload, as plain views (static mode) and as dynamic variables. Either all are made once, before
+// timing, the way a PyTorch user holds preloaded tensors, or `assemble` (set where a data loader reads the workload's
+// data) makes entry i from the loader's next batch right before step i, and is timed apart from the step.
 template <class Target>
 struct batch_set {
   std::vector<tensor_view<const float>> x;
   std::vector<tensor_view<const Target>> y;
   std::vector<nn::Variable> x_var, y_var;
+  std::function<void(std::size_t)> assemble;
 };
 
 template <class StaticNet, class Target, class Loss>
@@ -154,7 +196,10 @@ bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<T
   const std::size_t check_steps = std::min<std::size_t>(30, batches.x.size() * 3);
   std::vector<std::vector<float>> losses(rungs.size());
   for (std::size_t r = 0; r < rungs.size(); ++r)
-    for (std::size_t i = 0; i < check_steps; ++i) losses[r].push_back(rungs[r].step(i % batches.x.size()));
+    for (std::size_t i = 0; i < check_steps; ++i) {
+      if (batches.assemble) batches.assemble(i % batches.x.size());
+      losses[r].push_back(rungs[r].step(i % batches.x.size()));
+    }
   for (std::size_t r = 1; r < rungs.size(); ++r)
     if (losses[r] != losses[0]) {
       std::printf("%s: rung %d (%s) gives losses different from rung 1 — refusing to report times\n", name.c_str(),
@@ -171,7 +216,7 @@ bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<T
   std::printf("  %-2s %-28s %12s %10s %10s %12s %10s\n", "#", "rung", "median us", "min", "max", "allocs/step",
               "vs above");
   double above = 0;
-  const auto measurements = measure_all(rungs, batches.x.size(), steps, reps);
+  const auto measurements = measure_all(rungs, batches.x.size(), steps, reps, batches.assemble);
   for (std::size_t k = 0; k < rungs.size(); ++k) {
     const auto& r = rungs[k];
     const auto& m = measurements[k];
@@ -179,10 +224,14 @@ bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<T
     std::printf("  %-2d %-28s %12.3f %10.3f %10.3f %12.2f %9.2fx\n", r.number, r.name, m.median_us, m.min_us,
                 m.max_us, m.allocations_per_step, ratio);
     std::printf("RESULT bench=ladder workload=%s rung=%d threads=%d step_us=%.3f min_us=%.3f max_us=%.3f "
-                "allocs_per_step=%.2f ratio_to_above=%.3f\n",
-                name.c_str(), r.number, threads, m.median_us, m.min_us, m.max_us, m.allocations_per_step, ratio);
+                "data_us=%.2f allocs_per_step=%.2f ratio_to_above=%.3f\n",
+                name.c_str(), r.number, threads, m.median_us, m.min_us, m.max_us, m.data_us, m.allocations_per_step,
+                ratio);
     above = m.median_us;
   }
+  if (measurements[0].data_us >= 0)
+    std::printf("  (each batch assembled by the data loader right before its step, timed apart: median %.2f us)\n",
+                measurements[0].data_us);
   return true;
 }
 
@@ -268,34 +317,52 @@ int main(int argc, char** argv) try {
     ok &= run_workload("wide_mlp", rungs, b, quick ? 5 : 20, reps, threads, "784-1024-1024-10, batch 256, CE, Adam");
   }
   const bool mnist_workloads = only == "all" || only == "mnist_mlp" || only == "mnist_cnn" || only == "lstm";
+  std::optional<data::tensor_dataset<float, std::int64_t>> train;
   std::vector<Tensor<float>> xs;
   std::vector<Tensor<std::int64_t>> ys;
+  // One epoch's batches in a seeded shuffled order.
+  const data::loader_options<float> mnist_order{.batch_size = 64, .shuffle = true, .seed = 5};
   if (mnist_workloads) {
     auto dir = data::find_data_dir("mnist", flags.get("--data", ""));
-    auto train = data::load_mnist(dir, data::split::train,
-                                  {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
-    // One epoch's batches in a seeded shuffled order, assembled before timing: this bench measures steps only
-    // (the loader bench and the demo measure the data pipeline).
-    data::data_loader loader(train, {.batch_size = 64, .shuffle = true, .seed = 5});
+    train = data::load_mnist(dir, data::split::train,
+                             {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
+    // The CNN and the LSTM cycle over the epoch's first batches, assembled before timing: a step of theirs takes
+    // milliseconds, against the few microseconds of copying a batch.
+    data::data_loader loader(*train, mnist_order);
     for (const auto& batch : loader.epoch(0)) {
       xs.emplace_back(batch.x);
       ys.emplace_back(batch.y);
     }
   }
   if (only == "all" || only == "mnist_mlp") {
-    batch_set<std::int64_t> b;
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      b.x.push_back(xs[i].view());
-      b.y.push_back(ys[i].view());
-      b.x_var.emplace_back(xs[i]);
-    }
+    // A data loader puts each batch together right before its step (timed apart), as the peers' index_select does:
+    // the MLP's step takes ~150 us, and one that read a batch assembled long before would read it from memory
+    // (~11 us of the step, bench/RESULTS.md) where the peers' steps find theirs in the cache.
+    auto loader = std::make_shared<data::data_loader<data::tensor_dataset<float, std::int64_t>>>(*train, mnist_order);
+    keep.push_back(loader);
+    auto b = std::make_shared<batch_set<std::int64_t>>();
+    keep.push_back(b);
+    b->x.resize(xs.size());
+    b->y.resize(xs.size());
+    b->x_var.resize(xs.size());
+    b->assemble = [loader, b = b.get(), next = std::size_t{0}](std::size_t i) mutable {
+      if (i == 0 || i != next) {
+        loader->start_epoch(0);
+        for (std::size_t k = 0; k < i; ++k) loader->next();
+      }
+      const auto* batch = loader->next();
+      b->x[i] = batch->x;
+      b->y[i] = batch->y;
+      b->x_var[i] = nn::Variable::borrowing(batch->x);  // read where the loader put it, as the static rungs do
+      next = i + 1;
+    };
     using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
     auto rungs = make_rungs<Net, std::int64_t>(
         1, 64,
         [] { manual_seed(1); return nn::Sequential(nn::Flatten(), nn::Linear(784, 128), nn::ReLU(), nn::Linear(128, 10)); },
-        b, loss::cross_entropy{}, keep);
+        *b, loss::cross_entropy{}, keep);
     long long steps = quick ? 200 : static_cast<long long>(xs.size());
-    ok &= run_workload("mnist_mlp", rungs, b, steps, reps, threads,
+    ok &= run_workload("mnist_mlp", rungs, *b, steps, reps, threads,
                        quick ? "batch 64, Adam, 200 steps of MNIST" : "batch 64, Adam, one epoch of MNIST (938 steps)");
   }
   if (only == "all" || only == "mnist_cnn") {
