@@ -1,9 +1,12 @@
 // Dynamic mode with more than one graph on the tape: backward() frees only the graph of its loss, as PyTorch without
 // retain_graph, so other graphs keep their gradients (the GAN pattern); a backward that would need a freed graph
-// raises an error instead of losing a gradient; the tape stays bounded when a graph outlives many steps; and a very
-// long recorded chain is released without recursion.
+// raises an error instead of losing a gradient; the tape stays bounded when a graph outlives many steps; a very long
+// recorded chain is released without recursion; and backward({.retain_graph = true}) keeps a graph for another
+// backward, which gives the same gradients.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -136,4 +139,92 @@ TEST_CASE("a long recorded chain is released without recursion") {
   acc.backward();  // the backward and the release of what it freed
   CHECK(x.grad()[0] == 100001.0f);
   CHECK(nn::tape_size() == 0);
+}
+
+namespace {
+// Every parameter's gradient and the input's, in order.
+std::vector<std::vector<float>> gradients_of(const nn::Module& m, const nn::Variable& input) {
+  std::vector<std::vector<float>> out;
+  for (const auto& p : m.parameters()) out.push_back(gradient_of(p));
+  out.push_back(gradient_of(input));
+  return out;
+}
+
+// A second backward through a retained graph must give the first one's gradients bit for bit: no op's backward may
+// consume what it saved (an activation overwritten in place, a mask, a recurrent cell's states).
+void check_retained_backward_repeats(nn::Module& model, const nn::Variable& input,
+                                     const std::function<nn::Variable(const nn::Variable&)>& loss_of) {
+  nn::Variable loss = loss_of(model(input));
+  loss.backward({.retain_graph = true});
+  const auto first = gradients_of(model, input);
+  CHECK(nn::tape_size() > 0);
+  model.zero_grad();
+  input.zero_grad();
+  loss.backward();
+  CHECK(gradients_of(model, input) == first);
+  CHECK(nn::tape_size() == 0);
+  // Without retain_graph the second backward freed it.
+  CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("already freed"), kiln::error);
+  for (const auto& g : first) CHECK(std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; }));
+}
+}  // namespace
+
+TEST_CASE("backward with retain_graph keeps the graph: a second backward repeats every layer's gradients") {
+  SUBCASE("convolution, batch norm, pooling, layer norm, dropout and the activations") {
+    kiln::manual_seed(11);
+    nn::Sequential model(nn::Conv2d(1, 4, 3), nn::BatchNorm2d(4), nn::ReLU(), nn::MaxPool2d(2), nn::Conv2d(4, 3, 3),
+                         nn::GELU(), nn::AvgPool2d(2), nn::Flatten(), nn::Linear(3, 16), nn::LayerNorm(16),
+                         nn::LeakyReLU(0.1f), nn::Dropout(0.3f), nn::Linear(16, 8), nn::Sigmoid(), nn::Linear(8, 3),
+                         nn::Tanh());
+    model.train();
+    const nn::Variable x = leaf(shape{4, 1, 10, 10}, -1.0f, 0.005f);
+    Tensor<std::int64_t> labels(shape{4});
+    for (index_t i = 0; i < 4; ++i) labels[i] = i % 3;
+    check_retained_backward_repeats(model, x, [&](const nn::Variable& out) { return nn::cross_entropy(out, labels); });
+  }
+  SUBCASE("a stacked bidirectional LSTM and a GRU") {
+    kiln::manual_seed(12);
+    nn::Sequential model(nn::AllSteps(nn::LSTM(5, 6, {.num_layers = 2, .batch_first = true, .bidirectional = true})),
+                         nn::LastStep(nn::GRU(12, 4, {.batch_first = true})), nn::Linear(4, 2));
+    const nn::Variable x = leaf(shape{3, 7, 5}, -0.8f, 0.015f);
+    const nn::Variable target = leaf(shape{3, 2}, 0.5f, -0.2f, false);
+    check_retained_backward_repeats(model, x, [&](const nn::Variable& out) { return nn::mse_loss(out, target); });
+  }
+  SUBCASE("softmax and log-softmax along either dimension, products, reshapes and a binary cross-entropy") {
+    kiln::manual_seed(14);
+    nn::Linear model(5, 6);
+    const nn::Variable x = leaf(shape{4, 5}, -0.6f, 0.07f);
+    const nn::Variable project = leaf(shape{4, 3}, 0.3f, -0.05f, false);
+    const nn::Variable target = leaf(shape{6, 3}, 0.0f, 0.05f, false);
+    check_retained_backward_repeats(model, x, [&](const nn::Variable& out) {
+      nn::Variable mixed = nn::mul(nn::softmax(out, 1), out);
+      nn::Variable moved = nn::reshape(nn::log_softmax(mixed, 0), shape{6, 4});
+      nn::Variable logits = nn::neg(nn::sub(nn::matmul(moved, project), target));
+      return nn::binary_cross_entropy_with_logits(logits, target);
+    });
+  }
+}
+
+TEST_CASE("two losses over one graph: the first backward retains it, and the gradients add up as for their sum") {
+  kiln::manual_seed(13);
+  nn::Linear trunk(4, 8), head_a(8, 2), head_b(8, 1);
+  const nn::Variable x = leaf(shape{5, 4}, -1.0f, 0.1f, false);
+  auto losses = [&] {
+    nn::Variable h = nn::relu(trunk(x));
+    return std::pair{nn::sum(nn::sigmoid(head_a(h))), nn::mean(nn::tanh(head_b(h)))};
+  };
+  auto [sum_a, sum_b] = losses();
+  (sum_a + sum_b).backward();
+  const auto expected = gradient_of(trunk.weight);
+  trunk.zero_grad();
+  auto [a, b] = losses();
+  a.backward({.retain_graph = true});
+  b.backward();
+  const auto got = gradient_of(trunk.weight);
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(expected[i]).epsilon(1e-6));
+  // Without retain_graph, the second loss would have needed the trunk's freed graph.
+  auto [c, d] = losses();
+  c.backward();
+  CHECK_THROWS_WITH_AS(d.backward(), doctest::Contains("freed"), kiln::error);
 }

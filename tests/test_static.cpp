@@ -106,6 +106,26 @@ TEST_CASE("static models refuse an optimizer holding another model's parameters,
   // Freezing a layer without parameters froze nothing, silently.
   Sequential<policy::cpu, Input<6>, Dense<3, ReLU>, Dropout<0.5>, Dense<2>> with_dropout(4);
   CHECK_THROWS_WITH_AS(with_dropout.freeze(1), doctest::Contains("which has none"), kiln::error);
+  // A freeze after the optimizer took the flat buffer was ignored: the frozen layer went on training.
+  Sequential<policy::cpu, Input<6>, Dense<4, ReLU>, Dense<3>> late(4, 3);
+  optim::Adam late_opt({.lr = 1e-2});
+  late.train_step(x.view(), y.view(), loss::cross_entropy{}, late_opt);
+  late.freeze(0);
+  CHECK_THROWS_WITH_AS(late.train_step(x.view(), y.view(), loss::cross_entropy{}, late_opt),
+                       doctest::Contains("layer 0 (Dense+ReLU) is frozen, but the optimizer took the parameters "
+                                         "as one flat buffer"),
+                       kiln::error);
+  // A new optimizer takes per-layer slots, which honour the freeze and a later unfreeze.
+  optim::Adam fresh_opt({.lr = 1e-2});
+  const auto before = late.state_dict();
+  late.train_step(x.view(), y.view(), loss::cross_entropy{}, fresh_opt);
+  const auto after = late.state_dict();
+  CHECK(std::equal(before[0].second.span().begin(), before[0].second.span().end(), after[0].second.span().begin()));
+  CHECK(!std::equal(before[2].second.span().begin(), before[2].second.span().end(), after[2].second.span().begin()));
+  late.unfreeze(0);
+  late.train_step(x.view(), y.view(), loss::cross_entropy{}, fresh_opt);
+  const auto unfrozen = late.state_dict();
+  CHECK(!std::equal(after[0].second.span().begin(), after[0].second.span().end(), unfrozen[0].second.span().begin()));
   // The workspace size for 2^62 samples overflowed to a tiny one, which the first forward overran.
   CHECK_THROWS_WITH_AS(Net(index_t{1} << 62), doctest::Contains("expected at most"), kiln::error);
 }

@@ -251,6 +251,57 @@ TEST_CASE("fit and evaluate refuse data they cannot use") {
                          doctest::Contains("validation_split in [0, 1)"), kiln::error);
 }
 
+TEST_CASE("a class label outside the model's outputs is named by its sample, in fit and evaluate") {
+  auto data = make_blobs(200, 3);
+  data.y[137] = 3;  // the model has 3 outputs
+  Net net(32, 7);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{});
+  // evaluate reads in batches of 64: sample 137 is row 9 of its batch, which the loss alone would have named.
+  CHECK_THROWS_WITH_AS(model.evaluate(data.x, data.y, 64),
+                       doctest::Contains("expected class labels in [0, 3) for the model's 3 outputs, found 3 for "
+                                         "sample 137 of the data set"),
+                       kiln::error);
+  // fit draws the batches shuffled; the error still names the sample.
+  CHECK_THROWS_WITH_AS(model.fit(data.x, data.y, {.batch_size = 32, .verbose = 0}),
+                       doctest::Contains("found 3 for sample 137 of the data set"), kiln::error);
+  data.y[137] = -1;
+  CHECK_THROWS_WITH_AS(model.evaluate(data.x, data.y), doctest::Contains("found -1 for sample 137"), kiln::error);
+  // The same in dynamic mode, once the model's output size is known (before, the loss's own check stops it).
+  kiln::manual_seed(3);
+  auto dynamic_net = nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3));
+  Model dynamic_model(dynamic_net);
+  dynamic_model.compile(optim::Adam(), loss::cross_entropy{});
+  CHECK_THROWS_AS(dynamic_model.evaluate(data.x, data.y, 64), kiln::error);
+  CHECK_THROWS_WITH_AS(dynamic_model.evaluate(data.x, data.y, 64), doctest::Contains("for sample 137"), kiln::error);
+}
+
+TEST_CASE("channels-last images are refused by a static model's checks, flat rows and reshapes are not") {
+  using Cnn = Sequential<policy::cpu, Input<3, 4, 4>, Conv2D<2, 3>, Flatten, Dense<2>>;
+  Cnn net(8, 5);
+  Tensor<float> nhwc(shape{8, 4, 4, 3}, 0.25f), nchw(shape{8, 3, 4, 4}, 0.25f), flat(shape{8, 48}, 0.25f);
+  Tensor<std::int64_t> labels(shape{8}, {0, 1, 0, 1, 0, 1, 0, 1});
+  optim::Adam opt;
+  CHECK_THROWS_WITH_AS(net.train_step(nhwc.view(), labels.view(), loss::cross_entropy{}, opt),
+                       doctest::Contains("found [8, 4, 4, 3] (the same number of values per sample, in another "
+                                         "layout: channels last?"),
+                       kiln::error);
+  CHECK(std::isfinite(net.train_step(nchw.view(), labels.view(), loss::cross_entropy{}, opt)));
+  CHECK(std::isfinite(net.train_step(flat.view(), labels.view(), loss::cross_entropy{}, opt)));
+  // Model::fit and evaluate hand the net flat rows, so they check the layout themselves.
+  Model model(net);
+  model.compile(optim::Adam(), loss::cross_entropy{});
+  CHECK_THROWS_WITH_AS(model.fit(nhwc, labels, {.verbose = 0}),
+                       doctest::Contains("expected samples of shape [3, 4, 4], found [8, 4, 4, 3] (with the batch "
+                                         "first)"),
+                       kiln::error);
+  CHECK_THROWS_AS(model.evaluate(nhwc, labels), kiln::error);
+  CHECK(std::isfinite(model.evaluate(nchw, labels).loss));
+  CHECK(std::isfinite(model.evaluate(flat, labels).loss));
+  data::tensor_dataset<float, std::int64_t> images_last(nhwc, labels);
+  CHECK_THROWS_WITH_AS(model.fit(images_last, {.verbose = 0}), doctest::Contains("channels last?"), kiln::error);
+}
+
 TEST_CASE("evaluate leaves a static model in the mode it found it") {
   auto test = make_blobs(40, 2);
   Net net(32, 7);

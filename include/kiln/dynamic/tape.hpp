@@ -91,16 +91,19 @@ class tape {
   }
 
   // Back-propagates from root (which holds one element, requires grad and was made by an op), then frees the entries
-  // it went through. An entry whose output got no gradient is not part of this loss's graph and stays.
-  void backward(variable_node<T>* root) {
+  // it went through, unless retain_graph keeps them for another backward. An entry whose output got no gradient is not
+  // part of this loss's graph and stays.
+  void backward(variable_node<T>* root, bool retain_graph = false) {
     struct free_at_exit {
       tape* self;
       int top;
       ~free_at_exit() {
         self->seeded_root_ = nullptr;
+        self->retaining_graph_ = false;
         self->free_walked(top);
       }
     } guard{this, root->creator};
+    retaining_graph_ = retain_graph;
     seed_gradient(root);
     seeded_root_ = root->is_leaf ? nullptr : root;
     for (int i = root->creator; i >= 0; --i) {
@@ -109,6 +112,11 @@ class tape {
       for (auto* n : e.in)
         if (n && n->graph_freed && n->requires_grad) fail_freed(n);
       e.backward(e);
+      if (retain_graph) {
+        // The entry stays for a later backward, which starts again from no gradients on the values in between.
+        if (!e.out->is_leaf) free_grad(e.out);
+        continue;
+      }
       // Consumed (every user of this value came later on the tape): its gradient goes, and so does its graph, whose
       // inputs free_walked releases once the walk is over (releasing now could destroy a value the walk has yet to
       // reach). The inputs checked above all come from earlier entries, so none is marked freed before it is read.
@@ -133,6 +141,9 @@ class tape {
   }
 
   std::size_t size() const { return entries_.size(); }
+  // Whether the backward under way keeps the graph for another one: an op whose backward would consume what its
+  // forward saved must then work on a copy.
+  bool retaining_graph() const { return retaining_graph_; }
   // The gradient of a one-element value n (a loss, a sum) as its backward reads it: when n is the root of the
   // backward() under way, the seed 1 without reading it (on a GPU, a copy to the host and a wait).
   T scalar_gradient(const variable_node<T>* n) const {
@@ -189,6 +200,7 @@ class tape {
 
   std::vector<tape_entry<T>> entries_;
   variable_node<T>* seeded_root_ = nullptr;
+  bool retaining_graph_ = false;
 };
 
 template <class T>

@@ -13,6 +13,11 @@
 
 namespace kiln::nn {
 
+// How Variable::backward treats the graph it goes through (torch.Tensor.backward's retain_graph).
+struct backward_options {
+  bool retain_graph = false;  // keep the graph for another backward instead of freeing it
+};
+
 template <class T>
 class basic_variable {
  public:
@@ -132,8 +137,10 @@ class basic_variable {
   }
 
   // Back-propagates from this one-element value (seeded with 1) into every leaf that requires grad, then frees the
-  // graph it went through (as PyTorch without retain_graph); other graphs on this thread's tape stay usable.
-  void backward() const {
+  // graph it went through (as PyTorch without retain_graph); other graphs on this thread's tape stay usable. With
+  // {.retain_graph = true} the graph stays, for a second backward through it (another loss sharing part of it, or
+  // the same loss again).
+  void backward(backward_options options = {}) const {
     if (numel() != 1)
       fail("Variable::backward: expected a value with one element (a loss), found shape ", shape(),
            "; reduce it first, e.g. with nn::sum or nn::mean");
@@ -146,7 +153,7 @@ class basic_variable {
       detail::seed_gradient(node_);  // a leaf: no op made it (a graph that was freed failed above)
       return;
     }
-    detail::tape<T>::instance().backward(node_);
+    detail::tape<T>::instance().backward(node_, options.retain_graph);
   }
 
   // A leaf sharing this value's storage, cut off from the graph (requires_grad false).

@@ -369,6 +369,7 @@ class Sequential {
   // Fine-tuning: freeze(i) stops the optimizer from updating layer i (counted from 0 after the Input, as in the type
   // list); unfreeze(i) resumes it. Freeze before the optimizer first sees the model (its first train_step, or
   // add_parameters(parameters())): from then on its slots carry each layer's flag. Gradients are still computed.
+  // (An optimizer that took the flat buffer before the first freeze is refused at the next train_step.)
   void freeze(std::size_t layer, bool frozen = true) {
     if (layer >= layer_count) fail("Sequential::freeze: expected a layer index below ", layer_count, ", found ", layer);
     if (frozen && param_offsets[layer + 1] == param_offsets[layer])
@@ -559,6 +560,17 @@ class Sequential {
         if (std::less<const T*>{}(slot.value, first) || std::less<const T*>{}(last, slot.value + slot.size))
           fail("Sequential::train_step: expected an optimizer holding this model's parameters (or none yet), found "
                "one holding another model's; give each model an optimizer of its own");
+      // A slot without a trainable flag is the flat buffer taken before any layer was frozen: it would go on
+      // updating a layer frozen since, silently.
+      if (any_frozen_)
+        for (const auto& slot : optimizer.slots())
+          if (!slot.trainable)
+            for (std::size_t layer = 0; layer < layer_count; ++layer)
+              if (!(*trainable_)[layer])
+                fail("Sequential::train_step: layer ", layer, " (", layer_names()[layer],
+                     ") is frozen, but the optimizer took the parameters as one flat buffer before the freeze, and "
+                     "that cannot leave a layer out; freeze before the optimizer's first step, or give the model a "
+                     "new optimizer");
     }
   }
   template <std::size_t... I>
@@ -811,6 +823,15 @@ class Sequential {
     if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
       fail(where, ": expected input of shape [batch, ", input_shape::str(), "] (", input_shape::size,
            " values per sample), found ", x.shape());
+    // A sample with as many extents as the input's must have the input's: channels-last images ([N, 32, 32, 3] for
+    // Input<3, 32, 32>) hold as many values as channels-first ones, in another order. Other ranks are reshapes (a
+    // flat [N, 3072], or [N, 28, 28] for Input<784>).
+    if (x.rank() == input_shape::rank + 1)
+      for (int d = 0; d < input_shape::rank; ++d)
+        if (x.extent(d + 1) != input_shape::extents[static_cast<std::size_t>(d)])
+          fail(where, ": expected input of shape [batch, ", input_shape::str(), "], found ", x.shape(),
+               " (the same number of values per sample, in another layout: channels last? reshape it if the "
+               "values are already in the input's order)");
     index_t batch = x.extent(0);
     if (batch < 1 || batch > max_batch_)
       fail(where, ": expected a batch of 1 to ", max_batch_, " samples (the maximum this model was planned for), found ",

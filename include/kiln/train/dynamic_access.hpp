@@ -33,7 +33,10 @@ struct model_access<M> {
   static constexpr const char* mode = "dynamic";
 
   index_t input_size(const M&) const { return -1; }  // any: the module checks its input itself
-  index_t output_size(const M&) const { return last_.shape().rank() ? last_.shape().row_size() : 0; }
+  // 0 until a forward has shown it.
+  index_t output_size(const M&) const {
+    return last_.defined() && last_.shape().rank() ? last_.shape().row_size() : 0;
+  }
   index_t max_batch(const M&) const { return std::numeric_limits<index_t>::max(); }
 
   template <class Loss, class Optimizer, class Target>

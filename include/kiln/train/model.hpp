@@ -191,6 +191,7 @@ class Model {
       index_t count = std::min(batch, n - first);
       auto xb = data.x.rows(first, count);
       auto yb = data.y.rows(first, count);
+      check_labels(yb, "evaluate", [&](index_t row) { return first + row; });
       float loss;
       if constexpr (std::is_integral_v<Target>) loss = compiled_->eval_labels(xb, yb);
       else loss = compiled_->eval_values(xb, yb);
@@ -270,6 +271,7 @@ class Model {
     require_compiled("fit");
     if (access_.input_size(net_) > 0 && data.sample_shape().numel() != access_.input_size(net_))
       fail("Model::fit: expected samples of ", access_.input_size(net_), " values, found shape ", data.sample_shape());
+    check_sample_layout(data.sample_shape(), 0, "fit");
     if (options.batch_size < 1 || options.batch_size > access_.max_batch(net_))
       fail("Model::fit: expected a batch size of 1 to ", access_.max_batch(net_),
            " (the model's maximum batch), found ", options.batch_size);
@@ -310,6 +312,7 @@ class Model {
         tensor_view<const float> xb = b->x;
         if (access_.input_size(net_) > 0) xb = xb.reshaped(shape{b->size, access_.input_size(net_)});
         tensor_view<const Target> yb = b->y;
+        check_labels(yb, "fit", [&](index_t row) { return b->samples[static_cast<std::size_t>(row)]; });
         float loss = train_batch(xb, yb);
         timing_.step_seconds += seconds(clock::now() - t1);
         ++timing_.steps;
@@ -380,11 +383,45 @@ class Model {
     if (d.x.rank() < 1 || (access_.input_size(net_) > 0 && d.x.shape().row_size() != access_.input_size(net_)))
       fail("Model::", where, ": expected inputs of shape [N, ", access_.input_size(net_),
            " values per sample], found ", d.x.shape());
+    check_sample_layout(d.x.shape(), 1, where);
     if (d.y.rank() < 1 || d.y.extent(0) != d.x.extent(0))
       fail("Model::", where, ": expected as many targets as inputs (", d.x.extent(0), "), found targets of shape ",
            d.y.shape());
     // A loss over no samples would read as 0, a perfect score to EarlyStopping and ModelCheckpoint.
     if (d.x.extent(0) < 1) fail("Model::", where, ": expected at least one sample, found inputs of shape ", d.x.shape());
+  }
+  // A sample (the extents of `shape` from `first` on) with as many extents as a static model's input must have the
+  // input's: channels-last images hold as many values as channels-first ones, in another order. (fit and evaluate
+  // hand the model flat rows, which its own check would accept.)
+  void check_sample_layout(const shape& s, int first, const char* where) const {
+    if constexpr (requires { access_.input_shape(net_); }) {
+      const shape expected = access_.input_shape(net_);  // [1, extents...]
+      if (s.rank() - first != expected.rank() - 1) return;
+      for (int d = 1; d < expected.rank(); ++d)
+        if (s[first + d - 1] != expected[d])
+          fail("Model::", where, ": expected samples of shape ",
+               shape::from_range(expected.begin() + 1, expected.end()), ", found ", s,
+               first ? " (with the batch first)" : "",
+               ": the same number of values in another layout (channels last?); reshape the data if the values are "
+               "already in the model's order");
+    }
+  }
+  // Class labels outside the model's outputs are caught here rather than in the loss, so that the error names the
+  // sample in the data set (the loss knows only the row of its batch, which fit draws shuffled).
+  template <class Target, class SampleOf>
+  void check_labels(tensor_view<const Target> y, const char* where, SampleOf sample_of) const {
+    if constexpr (std::is_integral_v<Target>) {
+      if (!compiled_->wants_labels) return;  // the loss's own error says that it wants real-valued targets
+      // Only where each sample has one label over all of its outputs; a dynamic model's output size is known after
+      // its first forward. Elsewhere the loss checks the labels.
+      const index_t classes = access_.output_size(net_);
+      if (classes <= 0 || y.rank() != 1) return;
+      const Target* labels = y.data();
+      for (index_t row = 0; row < y.numel(); ++row)
+        if (labels[row] < 0 || labels[row] >= classes)
+          fail("Model::", where, ": expected class labels in [0, ", classes, ") for the model's ", classes,
+               " outputs, found ", labels[row], " for sample ", sample_of(row), " of the data set");
+    }
   }
   static void check_validation_split(double split) {
     if (!(split >= 0 && split < 1))  // also NaN

@@ -68,6 +68,14 @@ void rnn_backward_entry(const tape_entry<T>& e) {
   const rnn_header h = rnn_header::read(packed->value + results);
   const rnn_plan<Cell> plan(h.d, h.seq, h.batch);
   T* saved = packed->value + results + rnn_header::size;
+  // rnn_backward overwrites the saved gates with their gradients: a backward that keeps the graph for another one
+  // (retain_graph) hands it a copy instead.
+  const bool keep_saved = tape<T>::instance().retaining_graph();
+  scratch_buffer<T> saved_copy(keep_saved ? plan.saved_size : 0);
+  if (keep_saved) {
+    P::copy(saved, saved_copy.data(), plan.saved_size);
+    saved = saved_copy.data();
+  }
   const T* g = packed->grad;
   const index_t out_n = h.output_count(), state_n = h.state_count();
   const T* h0 = hx && h.has_h0 ? hx->value : nullptr;
