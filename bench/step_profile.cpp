@@ -1,9 +1,10 @@
-// Where a static model's training step spends its time: the ladder's top rung (static mode, fused epilogues, flat
-// parameters) on the ladder's workloads and batches, profiled part by part with kiln::step_profile: each layer's
-// forward and backward, the loss, and the optimizer's update.
+// Where a training step spends its time, in each mode: the ladder's top static rung (fused epilogues, flat
+// parameters) and its dynamic rung (the caching allocator) on the ladder's workloads and batches, profiled part by
+// part with kiln::step_profile (Sequential::train_step and nn::train_step): each layer's forward and backward, the
+// loss, the optimizer's update, and in dynamic mode freeing the graph; then both modes' parts side by side.
 //
-//   step_profile [--threads N] [--workload mnist_mlp|wide_mlp|mnist_cnn|all] [--epochs 3] [--warm-batches]
-//                [--data DIR]
+//   step_profile [--threads N] [--workload mnist_mlp|wide_mlp|mnist_cnn|all] [--mode both|static|dynamic]
+//                [--epochs 3] [--warm-batches] [--data DIR]
 //
 // --warm-batches reads each batch once before its step, outside the profile, so that the step finds it in cache
 // instead of memory: the first layer's forward then shows what reading the batch from memory cost.
@@ -16,6 +17,7 @@
 
 #include "../examples/common.hpp"
 #include "kiln/data/data.hpp"
+#include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
 
 using namespace kiln;
@@ -29,32 +31,14 @@ Tensor<float> random_tensor(shape s, random_generator& rng) {
   return t;
 }
 
-// Trains `net` over the batches `passes` times (the first uncounted) and prints the profile with its RESULT lines.
-template <class Net>
-void profile_workload(const char* name, Net& net, const std::vector<tensor_view<const float>>& xs,
-                      const std::vector<tensor_view<const std::int64_t>>& ys, int passes, int threads,
-                      bool warm_batches) {
-  optim::Adam opt(optim::adam_options{.lr = 1e-3});
-  step_profile profile;
-  volatile float sink = 0;
-  for (int pass = 0; pass < passes; ++pass) {
-    if (pass == 1) profile.reset();
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      if (warm_batches) {  // one read per cache line
-        float sum = 0;
-        for (std::size_t v = 0; v < xs[i].span().size(); v += 16) sum += xs[i].span()[v];
-        sink = sum;
-      }
-      net.train_step(xs[i], ys[i], loss::cross_entropy{}, opt, profile);
-    }
-  }
-  (void)sink;
-  std::printf("\n%s, %d thread%s%s:\n", name, threads, threads == 1 ? "" : "s",
+// Prints a profile and its RESULT lines.
+void report(const char* name, const char* mode, const step_profile& profile, int threads, bool warm_batches) {
+  std::printf("\n%s, %s mode, %d thread%s%s:\n", name, mode, threads, threads == 1 ? "" : "s",
               warm_batches ? ", each batch read before its step" : "");
   profile.print(std::cout);
   auto result = [&](const std::string& part, double seconds) {
-    std::printf("RESULT bench=step_profile workload=%s threads=%d warm_batches=%d part=\"%s\" us=%.3f\n", name,
-                threads, int(warm_batches), part.c_str(), profile.per_step_us(seconds));
+    std::printf("RESULT bench=step_profile workload=%s mode=%s threads=%d warm_batches=%d part=\"%s\" us=%.3f\n",
+                name, mode, threads, int(warm_batches), part.c_str(), profile.per_step_us(seconds));
   };
   result("staging", profile.staging_seconds);
   for (std::size_t i = 0; i < profile.layers.size(); ++i) {
@@ -62,18 +46,90 @@ void profile_workload(const char* name, Net& net, const std::vector<tensor_view<
     result("backward " + std::to_string(i) + " " + profile.layers[i], profile.backward_seconds[i]);
   }
   result("loss", profile.loss_seconds);
+  if (profile.graph_seconds > 0) result("graph", profile.graph_seconds);
   result("update", profile.update_seconds);
   result("total", profile.total_seconds());
+}
+
+// The two modes' profiles of one model, part against part: the layers differ in number (a static Dense<128, ReLU>
+// is a dynamic Linear and ReLU), so they are compared summed over the forward, over the backward, and so on.
+void compare(const step_profile& fixed, const step_profile& dynamic) {
+  auto sum = [](const std::vector<double>& v) {
+    double total = 0;
+    for (double s : v) total += s;
+    return total;
+  };
+  std::printf("\nstatic against dynamic mode, mean us per step:\n");
+  auto row = [&](const char* part, double a, double b) {
+    char ratio[32] = "-";
+    if (a > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", b / a);
+    std::printf("  %-26s %10.2f %10.2f %8s\n", part, fixed.per_step_us(a), dynamic.per_step_us(b), ratio);
+  };
+  std::printf("  %-26s %10s %10s %8s\n", "part", "static", "dynamic", "ratio");
+  row("staging the batch", fixed.staging_seconds, dynamic.staging_seconds);
+  row("forward, all layers", sum(fixed.forward_seconds), sum(dynamic.forward_seconds));
+  row("loss and its gradient", fixed.loss_seconds, dynamic.loss_seconds);
+  row("backward, all layers", sum(fixed.backward_seconds), sum(dynamic.backward_seconds));
+  row("freeing the graph", fixed.graph_seconds, dynamic.graph_seconds);
+  row("optimizer update", fixed.update_seconds, dynamic.update_seconds);
+  row("total", fixed.total_seconds(), dynamic.total_seconds());
+}
+
+// Trains the static `net` and the dynamic `model` (the same network, the same initial weights) over the batches
+// `passes` times, the first uncounted, and prints both profiles. The modes alternate pass by pass, so that a shared
+// machine's drift falls on both alike while each pass keeps its own model's parameters in cache.
+template <class Net>
+void profile_workload(const char* name, Net& net, nn::Sequential& model,
+                      const std::vector<tensor_view<const float>>& xs,
+                      const std::vector<tensor_view<const std::int64_t>>& ys, int passes, int threads,
+                      bool warm_batches, const std::string& modes) {
+  const bool run_static = modes != "dynamic", run_dynamic = modes != "static";
+  optim::Adam opt(optim::adam_options{.lr = 1e-3});
+  optim::Adam dynamic_opt(model.parameters(), optim::adam_options{.lr = 1e-3});
+  step_profile profile, dynamic_profile;
+  volatile float sink = 0;
+  auto warm = [&](std::size_t i) {
+    if (!warm_batches) return;
+    float sum = 0;  // one read per cache line
+    for (std::size_t v = 0; v < xs[i].span().size(); v += 16) sum += xs[i].span()[v];
+    sink = sum;
+  };
+  for (int pass = 0; pass < passes; ++pass) {
+    if (pass == 1) {
+      profile.reset();
+      dynamic_profile.reset();
+    }
+    if (run_static)
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        warm(i);
+        net.train_step(xs[i], ys[i], loss::cross_entropy{}, opt, profile);
+      }
+    if (run_dynamic)
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        warm(i);
+        nn::train_step(
+            model, nn::Variable::borrowing(xs[i]),
+            [&](const nn::Variable& out) { return nn::cross_entropy(out, ys[i].span()); }, dynamic_opt,
+            dynamic_profile);
+      }
+  }
+  (void)sink;
+  if (run_static) report(name, "static", profile, threads, warm_batches);
+  if (run_dynamic) report(name, "dynamic", dynamic_profile, threads, warm_batches);
+  if (run_static && run_dynamic) compare(profile, dynamic_profile);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--data", "--epochs", "--warm-batches", "--workload"});
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--warm-batches", "--workload"});
   const int threads = static_cast<int>(flags.get_int("--threads", 1));
   const int passes = 1 + static_cast<int>(std::max<long long>(1, flags.get_int("--epochs", 3)));
   const std::string only = flags.get("--workload", "all");
   const bool warm = flags.has("--warm-batches");
+  const std::string modes = flags.get("--mode", "both");
+  if (modes != "both" && modes != "static" && modes != "dynamic")
+    throw kiln::error("expected --mode static, dynamic or both, found " + modes);
   set_num_threads(threads);
   std::printf("kiln step profile: %d thread%s; single-precision products on %s\n", threads, threads == 1 ? "" : "s",
               kernels::cpu::amx_gemm_active() ? "AMX tiles" : "AVX-512/AVX2 FMAs");
@@ -98,7 +154,9 @@ int main(int argc, char** argv) try {
     std::vector<tensor_view<const float>> xs;
     for (auto& x : images) xs.push_back(x.view());
     Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>> net(64, 1);
-    profile_workload("mnist_mlp", net, xs, ys, passes, threads, warm);
+    manual_seed(1);
+    nn::Sequential model(nn::Flatten(), nn::Linear(784, 128), nn::ReLU(), nn::Linear(128, 10));
+    profile_workload("mnist_mlp", net, model, xs, ys, passes, threads, warm, modes);
   }
   if (only == "all" || only == "wide_mlp") {
     random_generator rng(2024);
@@ -116,7 +174,9 @@ int main(int argc, char** argv) try {
       wide_ys.push_back(wide_y[std::size_t(i)].view());
     }
     Sequential<policy::cpu, Input<784>, Dense<1024, ReLU>, Dense<1024, ReLU>, Dense<10>> net(256, 1);
-    profile_workload("wide_mlp", net, xs, wide_ys, 1 + 4 * (passes - 1), threads, warm);
+    manual_seed(1);
+    nn::Sequential model(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(), nn::Linear(1024, 10));
+    profile_workload("wide_mlp", net, model, xs, wide_ys, 1 + 4 * (passes - 1), threads, warm, modes);
   }
   if (only == "all" || only == "mnist_cnn") {
     // The ladder's CNN on the epoch's first 32 batches, as 1 x 28 x 28 images.
@@ -132,7 +192,10 @@ int main(int argc, char** argv) try {
     Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>, Flatten,
                Dense<128, ReLU>, Dense<10>>
         net(64, 1);
-    profile_workload("mnist_cnn", net, xs, cnn_ys, passes, threads, warm);
+    manual_seed(1);
+    nn::Sequential model(nn::Conv2d(1, 32, 3), nn::ReLU(), nn::Conv2d(32, 64, 3), nn::ReLU(), nn::MaxPool2d(2),
+                         nn::Flatten(), nn::Linear(9216, 128), nn::ReLU(), nn::Linear(128, 10));
+    profile_workload("mnist_cnn", net, model, xs, cnn_ys, passes, threads, warm, modes);
   }
   return 0;
 } catch (const kiln::error& e) {

@@ -29,6 +29,7 @@
 #include "kiln/dynamic/modules/recurrent.hpp"
 #include "kiln/dynamic/modules/sequential.hpp"
 #include "kiln/dynamic/modules/softmax.hpp"
+#include "kiln/dynamic/step_profile.hpp"
 #include "kiln/dynamic/variable.hpp"
 #include "kiln/optim/adam.hpp"
 #include "kiln/optim/sgd.hpp"

@@ -33,6 +33,16 @@ struct tape_entry {
   variable_node<T>* in[4] = {};     // owned references; unused slots are null
   T scalar = T(0);                  // a saved number (a slope, a scale)
   int aux = 0;                      // a saved integer (a dimension)
+  int owner = -1;                   // the profiled part that recorded it (dynamic/step_profile.hpp), or -1
+};
+
+// Told when each entry's backward is done, during a profiled backward (dynamic/step_profile.hpp).
+class backward_observer {
+ public:
+  virtual void entry_done(int owner) = 0;
+
+ protected:
+  ~backward_observer() = default;
 };
 
 // Seeds backward() at a one-element root: a leaf's gradient accumulates the 1, an op's output is set to it, and a
@@ -77,7 +87,7 @@ class tape {
     retain(d);
     if (entries_.size() == entries_.capacity()) compact();
     out->creator = static_cast<int>(entries_.size());
-    entries_.push_back(tape_entry<T>{fn, out, {a, b, c, d}, scalar, aux});
+    entries_.push_back(tape_entry<T>{fn, out, {a, b, c, d}, scalar, aux, owner_});
   }
 
   // The output of entry `index` died: drop the entry, release its inputs, pop dead entries off the end.
@@ -112,6 +122,7 @@ class tape {
       for (auto* n : e.in)
         if (n && n->graph_freed && n->requires_grad) fail_freed(n);
       e.backward(e);
+      if (observer_) observer_->entry_done(e.owner);
       if (retain_graph) {
         // The entry stays for a later backward, which starts again from no gradients on the values in between.
         if (!e.out->is_leaf) free_grad(e.out);
@@ -144,6 +155,10 @@ class tape {
   // Whether the backward under way keeps the graph for another one: an op whose backward would consume what its
   // forward saved must then work on a copy.
   bool retaining_graph() const { return retaining_graph_; }
+  // Profiling (dynamic/step_profile.hpp): the owner that entries recorded from now on carry, and who is told as each
+  // entry's backward finishes (nullptr: nobody).
+  void set_owner(int owner) { owner_ = owner; }
+  void set_observer(backward_observer* observer) { observer_ = observer; }
   // The gradient of a one-element value n (a loss, a sum) as its backward reads it: when n is the root of the
   // backward() under way, the seed 1 without reading it (on a GPU, a copy to the host and a wait).
   T scalar_gradient(const variable_node<T>* n) const {
@@ -201,6 +216,8 @@ class tape {
   std::vector<tape_entry<T>> entries_;
   variable_node<T>* seeded_root_ = nullptr;
   bool retaining_graph_ = false;
+  int owner_ = -1;
+  backward_observer* observer_ = nullptr;
 };
 
 template <class T>

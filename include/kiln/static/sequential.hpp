@@ -25,6 +25,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/core/random.hpp"
+#include "kiln/core/step_profile.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/layers/layer_context.hpp"
 #include "kiln/layers/parameter_info.hpp"
@@ -34,7 +35,6 @@
 #include "kiln/static/options.hpp"
 #include "kiln/static/resident.hpp"
 #include "kiln/static/shape_check.hpp"
-#include "kiln/static/step_profile.hpp"
 
 namespace kiln {
 
@@ -788,7 +788,7 @@ class Sequential {
                   const Loss& loss, Optimizer& optimizer, step_profile& profile, bool resident_batch) {
     index_t batch = check_input(x, "Sequential::train_step");
     check_target<Loss>(target, batch);
-    detail::prepare_profile(profile, layer_names());
+    detail::prepare_profile(profile, layer_names(), "Sequential::train_step");
     struct detach {  // the model stops timing when the step ends, also by an exception
       step_profile*& slot;
       ~detach() { slot = nullptr; }

@@ -1,12 +1,16 @@
-// kiln::step_profile: where a static model's training steps spend their time, layer by layer.
+// kiln::step_profile: where a model's training steps spend their time, layer by layer, in either mode.
 //
-// Sequential::train_step(x, target, loss, optimizer, profile) runs the same step as train_step without it (the same
-// kernels, the same bits) and adds the time of each part to the profile: staging the batch into the policy's memory,
-// each layer's forward and backward, the loss with its gradient, and the optimizer's update. The parts are timed
-// with a wall clock read between them, after Policy::synchronize(): on a GPU policy that waits for every kernel, so a
-// profiled step runs without the overlap of an unprofiled one and takes longer; on the CPU it costs one clock read per
-// part. With fused epilogues (static_options::fuse_epilogues), an activation that runs inside the layer before it is
-// timed there, and its own forward shows the time of passing the output through (about zero).
+// Static mode: Sequential::train_step(x, target, loss, optimizer, profile) runs the same step as train_step without
+// it (the same kernels, the same bits) and adds the time of each part to the profile: staging the batch into the
+// policy's memory, each layer's forward and backward, the loss with its gradient, and the optimizer's update. The
+// parts are timed with a wall clock read between them, after Policy::synchronize(): on a GPU policy that waits for
+// every kernel, so a profiled step runs without the overlap of an unprofiled one and takes longer; on the CPU it costs
+// one clock read per part. With fused epilogues (static_options::fuse_epilogues), an activation that runs inside the
+// layer before it is timed there, and its own forward shows the time of passing the output through (about zero).
+//
+// Dynamic mode: nn::train_step(model, x, loss_of, optimizer, profile) (dynamic/step_profile.hpp) fills the same parts
+// for a dynamic Sequential's children, plus the graph's bookkeeping that static mode does not have. A model trained
+// both ways gives two profiles of the same parts: the cost of dynamism, part by part.
 #pragma once
 
 #include <algorithm>
@@ -25,12 +29,13 @@ struct step_profile {
   std::vector<std::string> layers;  // the layers' descriptions, as summary() prints them
   std::vector<double> forward_seconds, backward_seconds;
   double staging_seconds = 0, loss_seconds = 0, update_seconds = 0;
+  double graph_seconds = 0;  // dynamic mode: freeing the graph after the backward walk (static mode has none)
   long long steps = 0;
 
   // Mean microseconds per step.
   double per_step_us(double seconds) const { return steps > 0 ? seconds * 1e6 / double(steps) : 0.0; }
   double total_seconds() const {
-    double total = staging_seconds + loss_seconds + update_seconds;
+    double total = staging_seconds + loss_seconds + update_seconds + graph_seconds;
     for (double s : forward_seconds) total += s;
     for (double s : backward_seconds) total += s;
     return total;
@@ -39,23 +44,27 @@ struct step_profile {
   void reset() {
     std::fill(forward_seconds.begin(), forward_seconds.end(), 0.0);
     std::fill(backward_seconds.begin(), backward_seconds.end(), 0.0);
-    staging_seconds = loss_seconds = update_seconds = 0;
+    staging_seconds = loss_seconds = update_seconds = graph_seconds = 0;
     steps = 0;
   }
   // A table of the mean microseconds per step of every part, and each part's share of the step.
   void print(std::ostream& out) const {
     const double total = total_seconds();
+    int width = 36;  // wide enough for every part's name (a dynamic module's description can be long)
+    for (const auto& layer : layers) width = std::max(width, static_cast<int>(layer.size()) + 9);
     auto row = [&](const std::string& part, double seconds) {
-      char line[160];
-      std::snprintf(line, sizeof line, "  %-36s %10.2f us %6.1f%%\n", part.c_str(), per_step_us(seconds),
+      char numbers[64];
+      std::snprintf(numbers, sizeof numbers, " %10.2f us %6.1f%%\n", per_step_us(seconds),
                     total > 0 ? 100.0 * seconds / total : 0.0);
-      out << line;
+      const int padding = std::max(0, width - static_cast<int>(part.size()));
+      out << "  " << part << std::string(static_cast<std::size_t>(padding), ' ') << numbers;
     };
     out << "step profile, mean over " << steps << " steps:\n";
     row("staging the batch", staging_seconds);
     for (std::size_t i = 0; i < layers.size(); ++i) row("forward  " + layers[i], forward_seconds[i]);
     row("loss and its gradient", loss_seconds);
     for (std::size_t i = layers.size(); i-- > 0;) row("backward " + layers[i], backward_seconds[i]);
+    if (graph_seconds > 0) row("freeing the graph", graph_seconds);
     row("optimizer update", update_seconds);
     row("total", total);
   }
@@ -77,7 +86,7 @@ class profile_clock {
 };
 
 // Makes `profile` fit a model with these layers: sized on first use, checked after.
-inline void prepare_profile(step_profile& profile, const std::vector<std::string>& layers) {
+inline void prepare_profile(step_profile& profile, const std::vector<std::string>& layers, const char* where) {
   if (profile.layers.empty() && profile.steps == 0) {
     profile.layers = layers;
     profile.forward_seconds.assign(layers.size(), 0.0);
@@ -86,7 +95,7 @@ inline void prepare_profile(step_profile& profile, const std::vector<std::string
   }
   if (profile.layers != layers || profile.forward_seconds.size() != layers.size() ||
       profile.backward_seconds.size() != layers.size())
-    fail("Sequential::train_step: expected a step_profile of this model's ", layers.size(),
+    fail(where, ": expected a step_profile of this model's ", layers.size(),
          " layers (or a new one), found one of ", profile.layers.size(), " layers",
          profile.layers.empty() ? "" : " starting with " + profile.layers.front());
 }
