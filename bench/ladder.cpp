@@ -11,7 +11,8 @@
 // before its step and the two are timed apart, as the peers (bench/peers) time their index_select and step.
 //
 //   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|mnist_cnn|lstm|all] [--reps 5]
-//          [--data DIR] [--quick]
+//          [--data DIR] [--quick] [--batches-ready]
+// --batches-ready: mnist_mlp's batches too are assembled before timing, so that each step reads its batch from memory.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -60,12 +61,13 @@ struct rung {
 };
 
 struct measurement {
-  double median_us = 0, min_us = 0, max_us = 0, allocations_per_step = 0;
+  double median_us = 0, mean_us = 0, min_us = 0, max_us = 0, allocations_per_step = 0;
   double data_us = -1;  // median time to assemble a batch, where a loader assembles one before each step
 };
 
 measurement summarise(std::vector<double>& times, long long allocations, long long steps) {
   measurement m;
+  for (double t : times) m.mean_us += t / double(times.size());
   std::sort(times.begin(), times.end());
   m.median_us = times[times.size() / 2];
   m.min_us = times.front();
@@ -223,15 +225,19 @@ bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<T
     double ratio = above > 0 ? m.median_us / above : 1.0;
     std::printf("  %-2d %-28s %12.3f %10.3f %10.3f %12.2f %9.2fx\n", r.number, r.name, m.median_us, m.min_us,
                 m.max_us, m.allocations_per_step, ratio);
-    std::printf("RESULT bench=ladder workload=%s rung=%d threads=%d step_us=%.3f min_us=%.3f max_us=%.3f "
-                "data_us=%.2f allocs_per_step=%.2f ratio_to_above=%.3f\n",
-                name.c_str(), r.number, threads, m.median_us, m.min_us, m.max_us, m.data_us, m.allocations_per_step,
-                ratio);
+    std::printf("RESULT bench=ladder workload=%s rung=%d threads=%d step_us=%.3f mean_us=%.3f min_us=%.3f "
+                "max_us=%.3f data_us=%.2f allocs_per_step=%.2f ratio_to_above=%.3f\n",
+                name.c_str(), r.number, threads, m.median_us, m.mean_us, m.min_us, m.max_us, m.data_us,
+                m.allocations_per_step, ratio);
     above = m.median_us;
   }
-  if (measurements[0].data_us >= 0)
-    std::printf("  (each batch assembled by the data loader right before its step, timed apart: median %.2f us)\n",
+  if (measurements[0].data_us >= 0) {
+    std::printf("  (each batch assembled by the data loader right before its step, timed apart: median %.2f us;\n"
+                "   mean step, which a step the VM stalls for milliseconds moves:",
                 measurements[0].data_us);
+    for (const auto& m : measurements) std::printf(" %.1f", m.mean_us);
+    std::printf(" us)\n");
+  }
   return true;
 }
 
@@ -244,10 +250,11 @@ Tensor<float> random_tensor(shape s, random_generator& rng) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--data", "--quick", "--reps", "--workload"});
+  examples::flags flags(argc, argv, {"--batches-ready", "--data", "--quick", "--reps", "--workload"});
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   int reps = static_cast<int>(flags.get_int("--reps", 5));
   bool quick = flags.has("--quick");
+  const bool batches_ready = flags.has("--batches-ready");
   std::string only = flags.get("--workload", "all");
   set_num_threads(threads);
   std::printf("kiln ladder: %d thread%s, median of %d repetitions; single-precision products on %s\n", threads,
@@ -345,17 +352,28 @@ int main(int argc, char** argv) try {
     b->x.resize(xs.size());
     b->y.resize(xs.size());
     b->x_var.resize(xs.size());
-    b->assemble = [loader, b = b.get(), next = std::size_t{0}](std::size_t i) mutable {
-      if (i == 0 || i != next) {
-        loader->start_epoch(0);
-        for (std::size_t k = 0; k < i; ++k) loader->next();
+    if (batches_ready) {
+      // --batches-ready: every batch assembled before timing, as the other workloads' are (the same timing per
+      // step, so that the difference is where the step finds its batch).
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        b->x[i] = xs[i].view();
+        b->y[i] = ys[i].view();
+        b->x_var[i] = nn::Variable::borrowing(xs[i]);
       }
-      const auto* batch = loader->next();
-      b->x[i] = batch->x;
-      b->y[i] = batch->y;
-      b->x_var[i] = nn::Variable::borrowing(batch->x);  // read where the loader put it, as the static rungs do
-      next = i + 1;
-    };
+      b->assemble = [](std::size_t) {};
+    } else {
+      b->assemble = [loader, b = b.get(), next = std::size_t{0}](std::size_t i) mutable {
+        if (i == 0 || i != next) {
+          loader->start_epoch(0);
+          for (std::size_t k = 0; k < i; ++k) loader->next();
+        }
+        const auto* batch = loader->next();
+        b->x[i] = batch->x;
+        b->y[i] = batch->y;
+        b->x_var[i] = nn::Variable::borrowing(batch->x);  // read where the loader put it, as the static rungs do
+        next = i + 1;
+      };
+    }
     using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
     auto rungs = make_rungs<Net, std::int64_t>(
         1, 64,

@@ -117,6 +117,19 @@ TEST_CASE("gradient check: reshape, flatten, sum, mean") {
   check_gradients({x}, [&] { return weighted_sum(nn::reshape(x, {6, -1})); });
   check_gradients({x}, [&] { return weighted_sum(nn::flatten(x)); });
   check_gradients({x}, [&] { return weighted_sum(nn::flatten(x, 0, 1)); });
+  // Of an intermediate value, whose first gradient is the reshape's output gradient handed over, not copied; then
+  // added to by its other use, or added to that use's gradient, in either order on the tape.
+  check_gradients({x}, [&] { return weighted_sum(nn::flatten(nn::tanh(x))); });
+  check_gradients({x}, [&] {
+    V h = nn::tanh(x);
+    return weighted_sum(nn::reshape(h, {6, -1})) + nn::sum(h);
+  });
+  check_gradients({x}, [&] {
+    V h = nn::tanh(x);
+    V direct = nn::sum(h);
+    return direct + weighted_sum(nn::reshape(h, {-1}));
+  });
+  check_gradients({x}, [&] { return nn::sum(nn::reshape(nn::reshape(nn::tanh(x), {4, 6}), {-1})); });
   check_gradients({x}, [&] { return nn::sum(nn::tanh(x)); });
   check_gradients({x}, [&] { return nn::mean(nn::tanh(x)); });
   CHECK(nn::flatten(x).shape() == shape{2, 12});

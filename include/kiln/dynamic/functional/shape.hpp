@@ -2,6 +2,8 @@
 // passes the gradient through unchanged.
 #pragma once
 
+#include <utility>
+
 #include "kiln/dynamic/functional/common.hpp"
 
 namespace kiln::nn {
@@ -18,7 +20,17 @@ void pass_through_gradient(variable_node<T>* x, const T* dy, index_t n) {
 
 template <class T>
 void reshape_backward(const tape_entry<T>& e) {
-  pass_through_gradient(e.in[0], e.out->grad, e.out->shape.numel());
+  variable_node<T>* x = e.in[0];
+  variable_node<T>* out = e.out;
+  // An intermediate value that gets its first gradient here takes the output's gradient buffer instead of a copy of
+  // it: the tape frees that gradient right after this entry, and the two hold the same elements in the same order
+  // (the MNIST CNN's Flatten: 2.4 MB per step, 0.6 ms of a 50 ms dynamic step). Leaves keep gradients of their own.
+  if (x->requires_grad && !x->grad && !x->is_leaf && out->grad && !out->is_leaf && !out->grad_pending_zero) {
+    x->grad_block = std::exchange(out->grad_block, storage_block{});
+    x->grad = std::exchange(out->grad, nullptr);
+    return;
+  }
+  pass_through_gradient(x, out->grad, out->shape.numel());
 }
 
 template <class T>
