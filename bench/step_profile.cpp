@@ -51,30 +51,6 @@ void report(const char* name, const char* mode, const step_profile& profile, int
   result("total", profile.total_seconds());
 }
 
-// The two modes' profiles of one model, part against part: the layers differ in number (a static Dense<128, ReLU>
-// is a dynamic Linear and ReLU), so they are compared summed over the forward, over the backward, and so on.
-void compare(const step_profile& fixed, const step_profile& dynamic) {
-  auto sum = [](const std::vector<double>& v) {
-    double total = 0;
-    for (double s : v) total += s;
-    return total;
-  };
-  std::printf("\nstatic against dynamic mode, mean us per step:\n");
-  auto row = [&](const char* part, double a, double b) {
-    char ratio[32] = "-";
-    if (a > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", b / a);
-    std::printf("  %-26s %10.2f %10.2f %8s\n", part, fixed.per_step_us(a), dynamic.per_step_us(b), ratio);
-  };
-  std::printf("  %-26s %10s %10s %8s\n", "part", "static", "dynamic", "ratio");
-  row("staging the batch", fixed.staging_seconds, dynamic.staging_seconds);
-  row("forward, all layers", sum(fixed.forward_seconds), sum(dynamic.forward_seconds));
-  row("loss and its gradient", fixed.loss_seconds, dynamic.loss_seconds);
-  row("backward, all layers", sum(fixed.backward_seconds), sum(dynamic.backward_seconds));
-  row("freeing the graph", fixed.graph_seconds, dynamic.graph_seconds);
-  row("optimizer update", fixed.update_seconds, dynamic.update_seconds);
-  row("total", fixed.total_seconds(), dynamic.total_seconds());
-}
-
 // Trains the static `net` and the dynamic `model` (the same network, the same initial weights) over the batches
 // `passes` times, the first uncounted, and prints both profiles. The modes alternate pass by pass, so that a shared
 // machine's drift falls on both alike while each pass keeps its own model's parameters in cache.
@@ -116,7 +92,10 @@ void profile_workload(const char* name, Net& net, nn::Sequential& model,
   (void)sink;
   if (run_static) report(name, "static", profile, threads, warm_batches);
   if (run_dynamic) report(name, "dynamic", dynamic_profile, threads, warm_batches);
-  if (run_static && run_dynamic) compare(profile, dynamic_profile);
+  if (run_static && run_dynamic) {
+    std::printf("\nstatic against dynamic mode:\n");
+    print_comparison(std::cout, profile, "static", dynamic_profile, "dynamic");
+  }
 }
 
 }  // namespace

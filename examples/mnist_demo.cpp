@@ -2,8 +2,12 @@
 // same batches, through the same Keras-style Model::fit. Both modes call the same kernels, so their losses agree
 // bit for bit and the difference in time per step is the cost of dynamism.
 //
-//   mnist_demo [--epochs 5] [--schedule cosine|constant] [--data DIR] [--threads N] [--seed 42]
+//   mnist_demo [--epochs 5] [--schedule cosine|constant] [--data DIR] [--threads N] [--seed 42] [--profile]
+//
+// --profile times every training step part by part (kiln::step_profile through fit_options::profile) and prints
+// both modes' profiles and where dynamic mode's extra time goes.
 #include <cstdio>
+#include <iostream>
 
 #include "common.hpp"
 #include "kiln/train.hpp"
@@ -18,20 +22,22 @@ struct mode_result {
   const char* mode = "";
   double test_acc = 0, test_loss = 0, step_us = 0, data_us = 0, train_s = 0;
   std::vector<double> losses;
+  step_profile profile;
 };
 
 template <class Net>
 mode_result train_mode(const char* mode, Net& net, const examples::mnist_data& mnist, int epochs, std::uint64_t seed,
-                       const std::string& schedule) {
+                       const std::string& schedule, bool profiled) {
   std::printf("\n== %s mode ==\n", mode);
   Model model(net);
   model.compile(optim::Adam({.lr = examples::mnist_lr}), loss::cross_entropy{}, {metric::accuracy});
+  mode_result r;
   auto start = std::chrono::steady_clock::now();
   auto history = model.fit(mnist.train, {.epochs = epochs,
                                          .batch_size = 64,
                                          .callbacks = examples::mnist_schedule_callbacks(schedule, epochs),
-                                         .seed = seed});
-  mode_result r;
+                                         .seed = seed,
+                                         .profile = profiled ? &r.profile : nullptr});
   r.mode = mode;
   r.train_s = examples::seconds_since(start);
   auto test = model.evaluate(mnist.test);
@@ -49,7 +55,8 @@ mode_result train_mode(const char* mode, Net& net, const examples::mnist_data& m
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--data", "--epochs", "--schedule", "--seed"});
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--profile", "--schedule", "--seed"});
+  const bool profiled = flags.has("--profile");
   int epochs = static_cast<int>(flags.get_int("--epochs", 5));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
@@ -65,8 +72,8 @@ int main(int argc, char** argv) try {
 
   examples::mnist_static_mlp net(64, seed);
   auto model = examples::mnist_dynamic_mlp(seed);
-  auto s = train_mode("static", net, mnist, epochs, seed, schedule);
-  auto d = train_mode("dynamic", model, mnist, epochs, seed, schedule);
+  auto s = train_mode("static", net, mnist, epochs, seed, schedule, profiled);
+  auto d = train_mode("dynamic", model, mnist, epochs, seed, schedule, profiled);
 
   std::printf("\n| mode    | test accuracy | step (us) | data (us/step) | train (s) |\n");
   std::printf("|---------|---------------|-----------|----------------|-----------|\n");
@@ -76,6 +83,14 @@ int main(int argc, char** argv) try {
   bool same = s.losses == d.losses;
   std::printf("\ncost of dynamism: dynamic mode takes %.2fx the time per step of static mode\n", ratio);
   std::printf("training losses of the two modes: %s\n", same ? "bit-identical in every epoch" : "DIFFERENT");
+  if (profiled) {
+    std::printf("\nstatic mode, ");
+    s.profile.print(std::cout);
+    std::printf("\ndynamic mode, ");
+    d.profile.print(std::cout);
+    std::printf("\nwhere the cost of dynamism goes (the same steps, profiled):\n");
+    print_comparison(std::cout, s.profile, "static", d.profile, "dynamic");
+  }
   std::printf("RESULT example=mnist_demo dynamic_over_static=%.3f losses_identical=%d\n", ratio, same ? 1 : 0);
   return same ? 0 : 1;
 } catch (const kiln::error& e) {

@@ -302,6 +302,50 @@ TEST_CASE("channels-last images are refused by a static model's checks, flat row
   CHECK_THROWS_WITH_AS(model.fit(images_last, {.verbose = 0}), doctest::Contains("channels last?"), kiln::error);
 }
 
+TEST_CASE("fit with a step profile trains as without one, in static and dynamic mode") {
+  auto train = make_blobs(256, 8);
+  auto history_of = [&](auto& net, step_profile* profile) {
+    Model model(net);
+    model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy});
+    return model.fit(train.x, train.y, {.epochs = 2, .batch_size = 32, .verbose = 0, .seed = 4, .profile = profile});
+  };
+  Net plain_static(32, 21), profiled_static(32, 21);
+  kiln::manual_seed(21);
+  auto plain_dynamic = nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3));
+  kiln::manual_seed(21);
+  auto profiled_dynamic = nn::Sequential(nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 3));
+  step_profile static_profile, dynamic_profile;
+  const auto expected = history_of(plain_static, nullptr);
+  const auto found_static = history_of(profiled_static, &static_profile);
+  const auto plain_dynamic_history = history_of(plain_dynamic, nullptr);
+  const auto found_dynamic = history_of(profiled_dynamic, &dynamic_profile);
+  CHECK(found_static.series("loss") == expected.series("loss"));
+  CHECK(found_static.series("accuracy") == expected.series("accuracy"));
+  CHECK(plain_dynamic_history.series("loss") == expected.series("loss"));
+  CHECK(found_dynamic.series("loss") == expected.series("loss"));
+  CHECK(found_dynamic.series("accuracy") == expected.series("accuracy"));
+  CHECK(static_profile.steps == 16);  // 2 epochs of 8 batches
+  CHECK(dynamic_profile.steps == 16);
+  CHECK(static_profile.layers.size() == 2);
+  CHECK(dynamic_profile.layers.size() == 3);
+  CHECK(dynamic_profile.backward_seconds[0] > 0);
+  std::ostringstream table;
+  print_comparison(table, static_profile, "static", dynamic_profile, "dynamic");
+  CHECK(table.str().find("backward, all layers") != std::string::npos);
+
+  // A dynamic model that is not a Sequential has no children to time.
+  kiln::manual_seed(5);
+  nn::Linear single(4, 3);
+  Model model(single);
+  model.compile(optim::Adam(), loss::cross_entropy{});
+  step_profile unused;
+  CHECK_THROWS_WITH_AS(model.fit(train.x, train.y, {.verbose = 0, .profile = &unused}),
+                       doctest::Contains("a step profile needs a static model or a dynamic nn::Sequential"),
+                       kiln::error);
+  // Without one, it trains.
+  CHECK(std::isfinite(model.fit(train.x, train.y, {.verbose = 0}).series("loss").back()));
+}
+
 TEST_CASE("evaluate leaves a static model in the mode it found it") {
   auto test = make_blobs(40, 2);
   Net net(32, 7);

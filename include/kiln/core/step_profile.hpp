@@ -70,6 +70,35 @@ struct step_profile {
   }
 };
 
+// Two profiles of one model, part against part (static against dynamic mode, or one build against another): the
+// layers may differ in number (a static Dense<128, ReLU> is a dynamic Linear and ReLU), so each is summed over the
+// forward, over the backward, and so on. Mean microseconds per step, and the second's time over the first's.
+inline void print_comparison(std::ostream& out, const step_profile& first, const char* first_name,
+                             const step_profile& second, const char* second_name) {
+  auto sum = [](const std::vector<double>& v) {
+    double total = 0;
+    for (double s : v) total += s;
+    return total;
+  };
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-26s %10s %10s %8s\n", "part, us per step", first_name, second_name, "ratio");
+  out << line;
+  auto row = [&](const char* part, double a, double b) {
+    char ratio[32] = "-";
+    if (a > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", b / a);
+    std::snprintf(line, sizeof line, "  %-26s %10.2f %10.2f %8s\n", part, first.per_step_us(a), second.per_step_us(b),
+                  ratio);
+    out << line;
+  };
+  row("staging the batch", first.staging_seconds, second.staging_seconds);
+  row("forward, all layers", sum(first.forward_seconds), sum(second.forward_seconds));
+  row("loss and its gradient", first.loss_seconds, second.loss_seconds);
+  row("backward, all layers", sum(first.backward_seconds), sum(second.backward_seconds));
+  row("freeing the graph", first.graph_seconds, second.graph_seconds);
+  row("optimizer update", first.update_seconds, second.update_seconds);
+  row("total", first.total_seconds(), second.total_seconds());
+}
+
 namespace detail {
 // The clock a profiled step reads between its parts: each lap adds the time since the previous one to a slot.
 class profile_clock {

@@ -41,8 +41,22 @@ struct model_access<M> {
 
   template <class Loss, class Optimizer, class Target>
   float train_batch(M& net, tensor_view<const float> x, tensor_view<const Target> y, const Loss& loss,
-                    Optimizer& opt) {
+                    Optimizer& opt, step_profile* profile = nullptr) {
     remember_sample_shape(x);
+    if (profile) {
+      // nn::train_step times a Sequential's children; other modules have no parts it could name.
+      auto* sequential = dynamic_cast<nn::basic_sequential<float>*>(static_cast<nn::basic_module<float>*>(&net));
+      if (!sequential)
+        fail("Model::fit: a step profile needs a static model or a dynamic nn::Sequential, whose children it times; "
+             "found ", net.name());
+      return nn::train_step(
+          *sequential, nn::Variable::borrowing(x),
+          [&](const nn::Variable& out) {
+            last_ = out;
+            return detail::dynamic_loss(loss, out, y);
+          },
+          opt, *profile);
+    }
     opt.zero_grad();
     last_ = net(nn::Variable::borrowing(x));
     auto l = detail::dynamic_loss(loss, last_, y);

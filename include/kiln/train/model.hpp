@@ -16,6 +16,7 @@
 
 #include "kiln/core/error.hpp"
 #include "kiln/core/random.hpp"
+#include "kiln/core/step_profile.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/data/data_loader.hpp"
 #include "kiln/data/dataset.hpp"
@@ -75,6 +76,9 @@ struct fit_options {
   std::uint64_t seed = 0;  // fixes the shuffling order and the augmentation draws of every epoch
   int prefetch = 1;        // batches assembled ahead by the loader's background thread (0: none)
   data::transform_fn<float> transform{};  // augmentation, applied to each training sample
+  // When set, every training step's parts (each layer's forward and backward, the loss, the update) are timed into
+  // it: Sequential::train_step's profile in static mode, nn::train_step's for a dynamic nn::Sequential.
+  step_profile* profile = nullptr;
 };
 
 // Where the time of the last fit went: assembling batches (the data pipeline) versus training steps.
@@ -115,11 +119,11 @@ class Model {
     compiled_->get_lr = [opt] { return opt->lr(); };
     compiled_->set_lr = [opt](double lr) { opt->set_lr(lr); };
     compiled_->train_labels = [this, opt, loss](tensor_view<const float> x, tensor_view<const std::int64_t> y) {
-      if constexpr (std::is_integral_v<target>) return access_.train_batch(net_, x, y, loss, *opt);
+      if constexpr (std::is_integral_v<target>) return access_.train_batch(net_, x, y, loss, *opt, compiled_->profile);
       else return wrong_target<float>();
     };
     compiled_->train_values = [this, opt, loss](tensor_view<const float> x, tensor_view<const float> y) {
-      if constexpr (!std::is_integral_v<target>) return access_.train_batch(net_, x, y, loss, *opt);
+      if constexpr (!std::is_integral_v<target>) return access_.train_batch(net_, x, y, loss, *opt, compiled_->profile);
       else return wrong_target<float>();
     };
     compiled_->eval_labels = [this, loss](tensor_view<const float> x, tensor_view<const std::int64_t> y) {
@@ -245,6 +249,7 @@ class Model {
   struct compiled_state {
     bool wants_labels = true;
     std::string loss_name;
+    step_profile* profile = nullptr;  // fit_options::profile during a fit
     std::function<double()> get_lr;
     std::function<void(double)> set_lr;
     std::function<float(tensor_view<const float>, tensor_view<const std::int64_t>)> train_labels, eval_labels;
@@ -279,6 +284,11 @@ class Model {
     if (options.validation_data) check_data(*options.validation_data, "fit (validation data)");
 
     train::history history;
+    compiled_->profile = options.profile;
+    struct stop_profiling {  // also when the fit fails
+      compiled_state& state;
+      ~stop_profiling() { state.profile = nullptr; }
+    } stop{*compiled_};
     timing_ = {};
     stop_requested_ = false;
     control control_impl(*this);

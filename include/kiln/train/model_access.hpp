@@ -26,8 +26,8 @@ struct model_access<Sequential<Policy, InputSpec, Layers...>> {
 
   template <class Loss, class Optimizer, class Target>
   static float train_batch(net_type& net, tensor_view<const float> x, tensor_view<const Target> y, const Loss& loss,
-                           Optimizer& opt) {
-    return net.train_step(x, y, loss, opt);
+                           Optimizer& opt, step_profile* profile = nullptr) {
+    return profile ? net.train_step(x, y, loss, opt, *profile) : net.train_step(x, y, loss, opt);
   }
   template <class Loss, class Target>
   static float eval_batch(net_type& net, tensor_view<const float> x, tensor_view<const Target> y, const Loss& loss) {
