@@ -22,6 +22,14 @@ struct dims {
     for (index_t e : extents) s.push_back(e);
     return s;
   }
+  // Whether the extents of s from dimension `first` on are as many as these but not these: a sample in another
+  // layout (channels-last images for channels-first ones), which holds as many values. Other ranks are reshapes.
+  static bool is_other_layout(const kiln::shape& s, int first) {
+    if (s.rank() - first != rank) return false;
+    for (int d = 0; d < rank; ++d)
+      if (s[first + d] != extents[static_cast<std::size_t>(d)]) return true;
+    return false;
+  }
   static std::string str() {
     std::string out = "(";
     for (int d = 0; d < rank; ++d) out += (d ? ", " : "") + std::to_string(extents[d]);

@@ -123,16 +123,14 @@ class tape {
         if (n && n->graph_freed && n->requires_grad) fail_freed(n);
       e.backward(e);
       if (observer_) observer_->entry_done(e.owner);
-      if (retain_graph) {
-        // The entry stays for a later backward, which starts again from no gradients on the values in between.
-        if (!e.out->is_leaf) free_grad(e.out);
-        continue;
-      }
-      // Consumed (every user of this value came later on the tape): its gradient goes, and so does its graph, whose
+      // Consumed (every user of this value came later on the tape): its gradient goes. So does its graph, whose
       // inputs free_walked releases once the walk is over (releasing now could destroy a value the walk has yet to
-      // reach). The inputs checked above all come from earlier entries, so none is marked freed before it is read.
+      // reach), unless retain_graph keeps the entry for a later backward, which starts again from no gradients on
+      // the values in between. The inputs checked above all come from earlier entries, so none is marked freed
+      // before it is read.
+      if (!e.out->is_leaf) free_grad(e.out);
+      if (retain_graph) continue;
       variable_node<T>* out = std::exchange(e.out, nullptr);
-      if (!out->is_leaf) free_grad(out);
       out->creator = -1;
       out->graph_freed = true;
     }

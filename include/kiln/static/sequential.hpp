@@ -556,21 +556,20 @@ class Sequential {
     if constexpr (requires { optimizer.slots(); }) {
       const T* first = params_.data();
       const T* last = first + flat_parameter_size;
-      for (const auto& slot : optimizer.slots())
+      for (const auto& slot : optimizer.slots()) {
         if (std::less<const T*>{}(slot.value, first) || std::less<const T*>{}(last, slot.value + slot.size))
           fail("Sequential::train_step: expected an optimizer holding this model's parameters (or none yet), found "
                "one holding another model's; give each model an optimizer of its own");
-      // A slot without a trainable flag is the flat buffer taken before any layer was frozen: it would go on
-      // updating a layer frozen since, silently.
-      if (any_frozen_)
-        for (const auto& slot : optimizer.slots())
-          if (!slot.trainable)
-            for (std::size_t layer = 0; layer < layer_count; ++layer)
-              if (!(*trainable_)[layer])
-                fail("Sequential::train_step: layer ", layer, " (", layer_names()[layer],
-                     ") is frozen, but the optimizer took the parameters as one flat buffer before the freeze, and "
-                     "that cannot leave a layer out; freeze before the optimizer's first step, or give the model a "
-                     "new optimizer");
+        // A slot without a trainable flag is the flat buffer taken before any layer was frozen: it would go on
+        // updating a layer frozen since, silently.
+        if (any_frozen_ && !slot.trainable)
+          for (std::size_t layer = 0; layer < layer_count; ++layer)
+            if (!(*trainable_)[layer])
+              fail("Sequential::train_step: layer ", layer, " (", layer_names()[layer],
+                   ") is frozen, but the optimizer took the parameters as one flat buffer before the freeze, and "
+                   "that cannot leave a layer out; freeze before the optimizer's first step, or give the model a "
+                   "new optimizer");
+      }
     }
   }
   template <std::size_t... I>
@@ -823,15 +822,12 @@ class Sequential {
     if (x.rank() == 0 || x.shape().row_size() != input_shape::size)
       fail(where, ": expected input of shape [batch, ", input_shape::str(), "] (", input_shape::size,
            " values per sample), found ", x.shape());
-    // A sample with as many extents as the input's must have the input's: channels-last images ([N, 32, 32, 3] for
-    // Input<3, 32, 32>) hold as many values as channels-first ones, in another order. Other ranks are reshapes (a
-    // flat [N, 3072], or [N, 28, 28] for Input<784>).
-    if (x.rank() == input_shape::rank + 1)
-      for (int d = 0; d < input_shape::rank; ++d)
-        if (x.extent(d + 1) != input_shape::extents[static_cast<std::size_t>(d)])
-          fail(where, ": expected input of shape [batch, ", input_shape::str(), "], found ", x.shape(),
-               " (the same number of values per sample, in another layout: channels last? reshape it if the "
-               "values are already in the input's order)");
+    // Channels-last images ([N, 32, 32, 3] for Input<3, 32, 32>) hold as many values per sample, in another order;
+    // a flat [N, 3072], or [N, 28, 28] for Input<784>, is a reshape.
+    if (input_shape::is_other_layout(x.shape(), 1))
+      fail(where, ": expected input of shape [batch, ", input_shape::str(), "], found ", x.shape(),
+           " (the same number of values per sample, in another layout: channels last? reshape it if the "
+           "values are already in the input's order)");
     index_t batch = x.extent(0);
     if (batch < 1 || batch > max_batch_)
       fail(where, ": expected a batch of 1 to ", max_batch_, " samples (the maximum this model was planned for), found ",

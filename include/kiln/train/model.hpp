@@ -404,16 +404,13 @@ class Model {
   // input's: channels-last images hold as many values as channels-first ones, in another order. (fit and evaluate
   // hand the model flat rows, which its own check would accept.)
   void check_sample_layout(const shape& s, int first, const char* where) const {
-    if constexpr (requires { access_.input_shape(net_); }) {
+    if constexpr (requires { access::is_other_layout(s, first); }) {
+      if (!access::is_other_layout(s, first)) return;
       const shape expected = access_.input_shape(net_);  // [1, extents...]
-      if (s.rank() - first != expected.rank() - 1) return;
-      for (int d = 1; d < expected.rank(); ++d)
-        if (s[first + d - 1] != expected[d])
-          fail("Model::", where, ": expected samples of shape ",
-               shape::from_range(expected.begin() + 1, expected.end()), ", found ", s,
-               first ? " (with the batch first)" : "",
-               ": the same number of values in another layout (channels last?); reshape the data if the values are "
-               "already in the model's order");
+      fail("Model::", where, ": expected samples of shape ", shape::from_range(expected.begin() + 1, expected.end()),
+           ", found ", s, first ? " (with the batch first)" : "",
+           ": the same number of values in another layout (channels last?); reshape the data if the values are "
+           "already in the model's order");
     }
   }
   // Class labels outside the model's outputs are caught here rather than in the loss, so that the error names the

@@ -22,6 +22,8 @@ struct model_access<Sequential<Policy, InputSpec, Layers...>> {
   static index_t input_size(const net_type&) { return net_type::input_shape::size; }
   static index_t output_size(const net_type&) { return net_type::output_shape::size; }
   static shape input_shape(const net_type&) { return net_type::input_shape::batch_shape(1); }
+  // Whether the extents of s from `first` on are the input's in another layout (dims::is_other_layout).
+  static bool is_other_layout(const shape& s, int first) { return net_type::input_shape::is_other_layout(s, first); }
   static index_t max_batch(const net_type& net) { return net.max_batch(); }
 
   template <class Loss, class Optimizer, class Target>
