@@ -345,7 +345,10 @@ int main(int argc, char** argv) try {
     // A data loader puts each batch together right before its step (timed apart), as the peers' index_select does:
     // the MLP's step takes ~150 us, and one that read a batch assembled long before would read it from memory
     // (~11 us of the step, bench/RESULTS.md) where the peers' steps find theirs in the cache.
-    auto loader = std::make_shared<data::data_loader<data::tensor_dataset<float, std::int64_t>>>(*train, mnist_order);
+    // The loader copies on the bench's threads, each its own rows of the batch (data_loader.hpp).
+    data::loader_options<float> mlp_order = mnist_order;
+    mlp_order.threads = threads;
+    auto loader = std::make_shared<data::data_loader<data::tensor_dataset<float, std::int64_t>>>(*train, mlp_order);
     keep.push_back(loader);
     auto b = std::make_shared<batch_set<std::int64_t>>();
     keep.push_back(b);

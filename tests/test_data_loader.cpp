@@ -110,6 +110,22 @@ TEST_CASE("data_loader: same order for the same seed and epoch, another next epo
   CHECK(run_epoch(a, 0).values == a0.values);  // replaying an epoch replays its augmentation
 }
 
+TEST_CASE("data_loader: plain batches large enough to copy on several threads hold the same rows") {
+  // 64 samples of 28 x 28 floats (196 KiB) are shared out over the threads; 16 of 4 x 5 (1.25 KiB) are not.
+  for (index_t side : {28, 4}) {
+    auto d = numbered(300, side, side);
+    data_loader one(d, {.batch_size = 64, .seed = 7});
+    data_loader two(d, {.batch_size = 64, .seed = 7, .threads = 2});
+    data_loader three_prefetched(d, {.batch_size = 64, .seed = 7, .prefetch = 2, .threads = 3});
+    const auto expected = run_epoch(one, 3);
+    CHECK(expected.values.size() == std::size_t(300 * side * side));
+    CHECK(run_epoch(two, 3).values == expected.values);
+    CHECK(run_epoch(three_prefetched, 3).values == expected.values);
+    // The short last batch (300 = 4 x 64 + 44) too.
+    CHECK(expected.sizes.back() == 44);
+  }
+}
+
 TEST_CASE("data_loader: no heap allocation per batch in the steady state") {
   auto d = numbered(640, 28, 28);
   for (int prefetch : {0, 2}) {
