@@ -4,10 +4,11 @@
 // loss, the optimizer's update, and in dynamic mode freeing the graph; then both modes' parts side by side.
 //
 //   step_profile [--threads N] [--workload mnist_mlp|wide_mlp|mnist_cnn|all] [--mode both|static|dynamic]
-//                [--epochs 3] [--warm-batches] [--data DIR]
+//                [--epochs 3] [--warm-batches] [--clip-norm C] [--data DIR]
 //
 // --warm-batches reads each batch once before its step, outside the profile, so that the step finds it in cache
 // instead of memory: the first layer's forward then shows what reading the batch from memory cost.
+// --clip-norm C: both modes' Adam clips the gradients' joint 2-norm to C, which the update's part then includes.
 // The first pass over the batches warms up and is not counted; the profile is the mean over the others.
 #include <algorithm>
 #include <cstdio>
@@ -58,10 +59,10 @@ template <class Net>
 void profile_workload(const char* name, Net& net, nn::Sequential& model,
                       const std::vector<tensor_view<const float>>& xs,
                       const std::vector<tensor_view<const std::int64_t>>& ys, int passes, int threads,
-                      bool warm_batches, const std::string& modes) {
+                      bool warm_batches, const std::string& modes, double clip_norm) {
   const bool run_static = modes != "dynamic", run_dynamic = modes != "static";
-  optim::Adam opt(optim::adam_options{.lr = 1e-3});
-  optim::Adam dynamic_opt(model.parameters(), optim::adam_options{.lr = 1e-3});
+  optim::Adam opt(optim::adam_options{.lr = 1e-3, .clip = {.norm = clip_norm}});
+  optim::Adam dynamic_opt(model.parameters(), optim::adam_options{.lr = 1e-3, .clip = {.norm = clip_norm}});
   step_profile profile, dynamic_profile;
   volatile float sink = 0;
   auto warm = [&](std::size_t i) {
@@ -101,17 +102,19 @@ void profile_workload(const char* name, Net& net, nn::Sequential& model,
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--warm-batches", "--workload"});
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--warm-batches", "--workload", "--clip-norm"});
   const int threads = static_cast<int>(flags.get_int("--threads", 1));
   const int passes = 1 + static_cast<int>(std::max<long long>(1, flags.get_int("--epochs", 3)));
   const std::string only = flags.get("--workload", "all");
   const bool warm = flags.has("--warm-batches");
   const std::string modes = flags.get("--mode", "both");
+  const double clip_norm = flags.get_double("--clip-norm", 0.0);
   if (modes != "both" && modes != "static" && modes != "dynamic")
     throw kiln::error("expected --mode static, dynamic or both, found " + modes);
   set_num_threads(threads);
   std::printf("kiln step profile: %d thread%s; single-precision products on %s\n", threads, threads == 1 ? "" : "s",
               kernels::cpu::amx_gemm_active() ? "AMX tiles" : "AVX-512/AVX2 FMAs");
+  if (clip_norm > 0) std::printf("Adam clips the gradients' joint 2-norm to %g (inside the update's part)\n", clip_norm);
 
   // The ladder's MNIST batches: one epoch in a seeded shuffled order, assembled before timing.
   std::vector<Tensor<float>> images;
@@ -135,7 +138,7 @@ int main(int argc, char** argv) try {
     Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>> net(64, 1);
     manual_seed(1);
     nn::Sequential model(nn::Flatten(), nn::Linear(784, 128), nn::ReLU(), nn::Linear(128, 10));
-    profile_workload("mnist_mlp", net, model, xs, ys, passes, threads, warm, modes);
+    profile_workload("mnist_mlp", net, model, xs, ys, passes, threads, warm, modes, clip_norm);
   }
   if (only == "all" || only == "wide_mlp") {
     random_generator rng(2024);
@@ -155,7 +158,7 @@ int main(int argc, char** argv) try {
     Sequential<policy::cpu, Input<784>, Dense<1024, ReLU>, Dense<1024, ReLU>, Dense<10>> net(256, 1);
     manual_seed(1);
     nn::Sequential model(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(), nn::Linear(1024, 10));
-    profile_workload("wide_mlp", net, model, xs, wide_ys, 1 + 4 * (passes - 1), threads, warm, modes);
+    profile_workload("wide_mlp", net, model, xs, wide_ys, 1 + 4 * (passes - 1), threads, warm, modes, clip_norm);
   }
   if (only == "all" || only == "mnist_cnn") {
     // The ladder's CNN on the epoch's first 32 batches, as 1 x 28 x 28 images.
@@ -174,7 +177,7 @@ int main(int argc, char** argv) try {
     manual_seed(1);
     nn::Sequential model(nn::Conv2d(1, 32, 3), nn::ReLU(), nn::Conv2d(32, 64, 3), nn::ReLU(), nn::MaxPool2d(2),
                          nn::Flatten(), nn::Linear(9216, 128), nn::ReLU(), nn::Linear(128, 10));
-    profile_workload("mnist_cnn", net, model, xs, cnn_ys, passes, threads, warm, modes);
+    profile_workload("mnist_cnn", net, model, xs, cnn_ys, passes, threads, warm, modes, clip_norm);
   }
   return 0;
 } catch (const kiln::error& e) {

@@ -51,6 +51,15 @@ class flags {
       throw kiln::error(std::string(name) + ": expected an integer, found '" + v + "'");
     return value;
   }
+  double get_double(const char* name, double fallback) const {
+    const std::string v = get(name, "");
+    if (v.empty()) return fallback;
+    double value = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+    if (ec != std::errc() || end != v.data() + v.size())
+      throw kiln::error(std::string(name) + ": expected a number, found '" + v + "'");
+    return value;
+  }
   bool has(const char* name) const {
     for (int i = 1; i < argc_; ++i)
       if (std::strcmp(argv_[i], name) == 0) return true;

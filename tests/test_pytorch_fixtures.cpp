@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
 #include "fixture.hpp"
 #include "kiln/kiln.hpp"
@@ -160,6 +161,29 @@ TEST_CASE("Adam, Adam with weight decay, AMSGrad and AdamW match PyTorch over 5 
                               .amsgrad = f.scalar("amsgrad") != 0});
       check_optimizer_steps(f, opt, param, grad);
     }
+  }
+}
+
+TEST_CASE("clip_grad_norm (2-, 1- and infinity-norm, and under max_norm) and clip_grad_value match PyTorch") {
+  for (std::string name :
+       {"clip_grad_norm", "clip_grad_norm_p1", "clip_grad_norm_inf", "clip_grad_norm_under", "clip_grad_value"}) {
+    CAPTURE(name);
+    fixture f(name);
+    std::vector<Tensor<float>> grads, values;
+    std::vector<optim::parameter_slot<float>> slots;
+    for (int i = 0; i < 3; ++i) {
+      grads.push_back(f.f32(join("g", std::to_string(i))));
+      values.emplace_back(grads.back().shape());
+    }
+    for (int i = 0; i < 3; ++i) slots.push_back({values[i].data(), grads[i].data(), grads[i].numel()});
+    const std::span<const optim::parameter_slot<float>> view(slots);
+    if (name == "clip_grad_value") {
+      optim::clip_grad_value<P>(view, f.scalar("clip_value"));
+    } else {
+      const double norm = optim::clip_grad_norm<P>(view, f.scalar("max_norm"), {.norm_type = f.scalar("norm_type")});
+      CHECK(norm == doctest::Approx(f.scalar("norm")).epsilon(1e-6));
+    }
+    for (int i = 0; i < 3; ++i) check_close(grads[i], f.f32(join("clipped", std::to_string(i))), "clipped gradient");
   }
 }
 

@@ -369,44 +369,51 @@ TEST_CASE("dropout between layers: only in training, reproducible, and different
   CHECK(later < first);
 }
 
-TEST_CASE("static and dynamic mode give identical losses on a small sequence model") {
+TEST_CASE("static and dynamic mode give identical losses on a small sequence model, with and without clipping") {
   // With a Dropout between the recurrent layers and dropout between the GRU's stacked layers: each draws from a
-  // generator of its own, the same in both modes.
+  // generator of its own, the same in both modes. Clipping by the joint norm sums the same tensors in both modes.
   const std::uint64_t seed = 5;
   using Net = Sequential<policy::cpu, Input<6, 4>, LSTM<5, 1, true>, Dropout<0.25>,
                          FinalState<GRU<4, 2, true, rnn_options{.dropout = 0.4f}>>, Dense<3>>;
-  Net net(8, seed);
-  manual_seed(seed);
-  auto model = nn::Sequential(nn::AllSteps(nn::LSTM(4, 5, {.batch_first = true, .bidirectional = true})),
-                              nn::Dropout(0.25f),
-                              nn::FinalState(nn::GRU(10, 4, {.num_layers = 2, .batch_first = true, .dropout = 0.4f,
-                                                              .bidirectional = true})),
-                              nn::Linear(8, 3));
-  REQUIRE(net.runtime_generators().size() == 2);
-  REQUIRE(model.runtime_generators().size() == 2);
-  auto sd = net.state_dict();
-  auto dyn = model.state_dict();
-  REQUIRE(sd.size() == dyn.size());
-  for (std::size_t i = 0; i < sd.size(); ++i) {
-    CHECK(sd[i].first == dyn[i].first);
-    for (index_t k = 0; k < sd[i].second.numel(); ++k) REQUIRE(sd[i].second[k] == dyn[i].second[k]);
-  }
-  random_generator rng(6);
-  Tensor<float> x(shape{8, 6, 4});
-  for (auto& v : x.span()) v = rng.normal<float>();
-  Tensor<std::int64_t> labels(shape{8});
-  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
-  optim::Adam static_opt({.lr = 1e-2});
-  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-2});
-  nn::Variable input(x);
-  for (int step = 0; step < 12; ++step) {
-    float a = net.train_step(x, labels, loss::cross_entropy{}, static_opt);
-    dynamic_opt.zero_grad();
-    auto l = nn::cross_entropy(model(input), labels);
-    l.backward();
-    dynamic_opt.step();
-    CAPTURE(step);
-    REQUIRE(a == l.item());
+  for (const double clip : {0.0, 0.2}) {
+    CAPTURE(clip);
+    Net net(8, seed);
+    manual_seed(seed);
+    auto model = nn::Sequential(nn::AllSteps(nn::LSTM(4, 5, {.batch_first = true, .bidirectional = true})),
+                                nn::Dropout(0.25f),
+                                nn::FinalState(nn::GRU(10, 4, {.num_layers = 2, .batch_first = true, .dropout = 0.4f,
+                                                                .bidirectional = true})),
+                                nn::Linear(8, 3));
+    REQUIRE(net.runtime_generators().size() == 2);
+    REQUIRE(model.runtime_generators().size() == 2);
+    auto sd = net.state_dict();
+    auto dyn = model.state_dict();
+    REQUIRE(sd.size() == dyn.size());
+    for (std::size_t i = 0; i < sd.size(); ++i) {
+      CHECK(sd[i].first == dyn[i].first);
+      for (index_t k = 0; k < sd[i].second.numel(); ++k) REQUIRE(sd[i].second[k] == dyn[i].second[k]);
+    }
+    random_generator rng(6);
+    Tensor<float> x(shape{8, 6, 4});
+    for (auto& v : x.span()) v = rng.normal<float>();
+    Tensor<std::int64_t> labels(shape{8});
+    for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
+    optim::Adam static_opt({.lr = 1e-2, .clip = {.norm = clip}});
+    optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-2, .clip = {.norm = clip}});
+    nn::Variable input(x);
+    for (int step = 0; step < 12; ++step) {
+      float a = net.train_step(x, labels, loss::cross_entropy{}, static_opt);
+      dynamic_opt.zero_grad();
+      auto l = nn::cross_entropy(model(input), labels);
+      l.backward();
+      dynamic_opt.step();
+      CAPTURE(step);
+      REQUIRE(a == l.item());
+      if (clip > 0) {
+        REQUIRE(static_opt.last_grad_norm() == dynamic_opt.last_grad_norm());
+        if (step == 0) CHECK(static_opt.last_grad_norm() > clip);  // the clip engages
+      }
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "kiln/dynamic/allocator.hpp"
+#include "kiln/dynamic/grad_clip.hpp"
 #include "kiln/dynamic/functional/activation.hpp"
 #include "kiln/dynamic/functional/arithmetic.hpp"
 #include "kiln/dynamic/functional/conv.hpp"

@@ -18,6 +18,7 @@ struct adam_options {
   double weight_decay = 0.0;
   bool amsgrad = false;
   regularization regularize{};
+  clipping clip{};  // of the gradients before each update: their joint 2-norm or each value (0: off)
   // GPU policies: keep each slot's step count on the device, so that no host value changes from step to step and the
   // update can be captured into a CUDA graph and replayed (PyTorch's capturable). Take one step before capturing
   // (it allocates the state). No effect on CPU policies.
@@ -33,6 +34,7 @@ struct adamw_options {
   double weight_decay = 1e-2;
   bool amsgrad = false;
   regularization regularize{};
+  clipping clip{};  // of the gradients before each update: their joint 2-norm or each value (0: off)
   // GPU policies: keep each slot's step count on the device, so that no host value changes from step to step and the
   // update can be captured into a CUDA graph and replayed (PyTorch's capturable). Take one step before capturing
   // (it allocates the state). No effect on CPU policies.
@@ -56,11 +58,16 @@ class basic_adam : public optimizer_base<T, Policy> {
  public:
   using options_type = std::conditional_t<Decoupled, adamw_options, adam_options>;
 
-  explicit basic_adam(options_type o = {}) : base(o.lr, o.regularize), options_(o) {
+  explicit basic_adam(options_type o = {}) : base(o.lr, o.regularize, o.clip), options_(o) {
     validate();
     if constexpr (!Policy::host_accessible && !detail::capturable_adam_policy<Policy, T>)
       if (options_.capturable)
         fail(Decoupled ? "AdamW" : "Adam", ": capturable is not supported by policy '", Policy::name, "'");
+    // Clipping reads the gradients back to the host each step, which a captured graph cannot replay.
+    if constexpr (!Policy::host_accessible)
+      if (options_.capturable && (options_.clip.norm > 0 || options_.clip.value > 0))
+        fail(Decoupled ? "AdamW" : "Adam", ": expected no clip with capturable on policy '", Policy::name,
+             "', found clip norm ", options_.clip.norm, " and value ", options_.clip.value);
   }
   template <std::ranges::range Range>
   basic_adam(const Range& params, options_type o = {}) : basic_adam(o) {

@@ -1,11 +1,14 @@
 // The part every optimizer shares: the parameter slots it updates, the learning rate, zero_grad, and L1/L2
-// regularisation applied to the gradients before the update.
+// regularisation and clipping applied to the gradients before the update.
 #pragma once
 
 #include <algorithm>
+#include <limits>
+#include <span>
 #include <vector>
 
 #include "kiln/core/error.hpp"
+#include "kiln/optim/clip.hpp"
 #include "kiln/optim/parameter.hpp"
 #include "kiln/policy.hpp"
 
@@ -50,6 +53,10 @@ class optimizer_base {
     if (!(lr >= 0)) fail("optimizer set_lr: expected lr >= 0, found ", lr);
     lr_ = lr;
   }
+  // The clipping each step applies (the options' clip), and the norm the last step clipped by it (before clipping;
+  // NaN before the first step or without clip.norm).
+  const clipping& gradient_clipping() const { return clipping_; }
+  double last_grad_norm() const { return last_grad_norm_; }
   long long steps_taken() const { return steps_; }
   // Restoring a checkpoint: the count of steps already taken.
   void set_steps_taken(long long steps) { steps_ = steps; }
@@ -65,27 +72,37 @@ class optimizer_base {
   }
 
  protected:
-  optimizer_base(double lr, regularization r) : lr_(lr), regularization_(r) {
+  optimizer_base(double lr, regularization r, clipping c = {}) : lr_(lr), regularization_(r), clipping_(c) {
     if (!(r.l1 >= 0) || !(r.l2 >= 0))
       fail("optimizer: expected regularization l1 >= 0 and l2 >= 0, found l1 = ", r.l1, " and l2 = ", r.l2);
+    if (!(c.norm >= 0) || !(c.value >= 0))
+      fail("optimizer: expected clip norm >= 0 and clip value >= 0 (0: off), found norm ", c.norm, " and value ",
+           c.value);
+    if (c.norm > 0 && c.value > 0)
+      fail("optimizer: expected at most one of clip norm and clip value, found norm ", c.norm, " and value ", c.value);
   }
 
-  // Runs body(slot, index) for each trainable slot after regularising its gradient.
+  // Runs body(slot, index) for each trainable slot, once every trainable gradient is regularised and clipped.
   template <class Body>
   void for_each_trainable(Body&& body) {
     if (slots_.empty()) fail("optimizer step: no parameters were given to the optimizer");
     ++steps_;
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      auto& s = slots_[i];
-      if (s.trainable && !*s.trainable) continue;
+    const auto trainable = [](const parameter_slot<T>& s) { return !s.trainable || *s.trainable; };
+    for (auto& s : slots_) {
+      if (!trainable(s)) continue;
       if (s.grad_pending_zero && *s.grad_pending_zero) {  // no gradient reached it since zero_grad
         Policy::fill(s.grad, T(0), s.size);
         *s.grad_pending_zero = false;
       }
       if (regularization_.l1 != 0 || regularization_.l2 != 0)
         Policy::regularize_gradient(s.value, s.grad, s.size, T(regularization_.l1), T(regularization_.l2));
-      body(s, i);
     }
+    // Clipping needs every gradient first: the norm is over all of them.
+    if (clipping_.norm > 0)
+      last_grad_norm_ = clip_grad_norm<Policy>(std::span<const parameter_slot<T>>(slots_), clipping_.norm);
+    if (clipping_.value > 0) clip_grad_value<Policy>(std::span<const parameter_slot<T>>(slots_), clipping_.value);
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (trainable(slots_[i])) body(slots_[i], i);
   }
 
   // A zero-filled state buffer of n values.
@@ -98,7 +115,20 @@ class optimizer_base {
   std::vector<parameter_slot<T>> slots_;
   double lr_;
   regularization regularization_;
+  clipping clipping_;
+  double last_grad_norm_ = std::numeric_limits<double>::quiet_NaN();
   long long steps_ = 0;
 };
+
+// clip_grad_norm and clip_grad_value over an optimizer's slots (clip.hpp): in a manual loop, between backward and
+// step. Frozen slots and gradients still waiting to be zeroed are left out.
+template <class T, class Policy>
+double clip_grad_norm(optimizer_base<T, Policy>& optimizer, double max_norm, clip_norm_options o = {}) {
+  return clip_grad_norm<Policy>(std::span<const parameter_slot<T>>(optimizer.slots()), max_norm, o);
+}
+template <class T, class Policy>
+void clip_grad_value(optimizer_base<T, Policy>& optimizer, double clip_value) {
+  clip_grad_value<Policy>(std::span<const parameter_slot<T>>(optimizer.slots()), clip_value);
+}
 
 }  // namespace kiln::optim

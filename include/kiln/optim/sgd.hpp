@@ -17,6 +17,7 @@ struct sgd_options {
   double weight_decay = 0.0;
   bool nesterov = false;
   regularization regularize{};
+  clipping clip{};  // of the gradients before each update: their joint 2-norm or each value (0: off)
 };
 
 // SGD over any parameters; one momentum buffer per slot, allocated on the slot's first update.
@@ -25,7 +26,7 @@ class basic_sgd : public optimizer_base<T, Policy> {
   using base = optimizer_base<T, Policy>;
 
  public:
-  explicit basic_sgd(sgd_options o = {}) : base(o.lr, o.regularize), options_(o) { validate(); }
+  explicit basic_sgd(sgd_options o = {}) : base(o.lr, o.regularize, o.clip), options_(o) { validate(); }
   template <std::ranges::range Range>
   basic_sgd(const Range& params, sgd_options o = {}) : basic_sgd(o) {
     this->add_parameters(params);

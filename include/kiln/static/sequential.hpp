@@ -348,22 +348,38 @@ class Sequential {
   // Once a layer has been frozen, the slots are per layer (flat) or per tensor, each with its layer's trainable
   // flag, so that freeze/unfreeze later still steer an optimizer that holds them.
   // The slots point into the policy's memory: an optimizer of the same policy updates them.
+  // Flat slots list their parameter tensors (tensor_ranges), so that a clipping norm sums them as dynamic mode's
+  // per-tensor slots do.
   std::vector<optim::parameter_slot<T>> parameters() {
-    if (options_.flat_parameters && !any_frozen_) return {{params_.data(), grads_.data(), flat_parameter_size, nullptr}};
+    if (options_.flat_parameters && !any_frozen_)
+      return {{params_.data(), grads_.data(), flat_parameter_size, nullptr, nullptr, tensor_ranges(layer_count)}};
     std::vector<optim::parameter_slot<T>> slots;
     if (options_.flat_parameters) {
       for (std::size_t i = 0; i < layer_count; ++i)
         if (param_offsets[i + 1] > param_offsets[i])
           slots.push_back({params_.data() + param_offsets[i], grads_.data() + param_offsets[i],
-                           param_offsets[i + 1] - param_offsets[i], &(*trainable_)[i]});
+                           param_offsets[i + 1] - param_offsets[i], &(*trainable_)[i], nullptr, tensor_ranges(i)});
       return slots;
     }
-    for (auto& p : named_parameter_infos()) {
-      std::size_t layer = 0;
-      while (layer + 1 < layer_count && param_offsets[layer + 1] <= p.offset) ++layer;
-      slots.push_back({params_.data() + p.offset, grads_.data() + p.offset, p.shape.numel(), &(*trainable_)[layer]});
-    }
+    for (auto& p : named_parameter_infos())
+      slots.push_back({params_.data() + p.offset, grads_.data() + p.offset, p.shape.numel(),
+                       &(*trainable_)[layer_holding(p.offset)]});
     return slots;
+  }
+
+  // Layer i's parameter tensors as ranges from the layer's start in the flat buffer; for i = layer_count, every
+  // tensor as a range from the buffer's start. The alignment padding between layers is in none of them.
+  static std::span<const optim::tensor_range> tensor_ranges(std::size_t i) {
+    static const auto ranges = [] {
+      std::array<std::vector<optim::tensor_range>, layer_count + 1> r;
+      for (const auto& p : named_parameter_infos()) {
+        const std::size_t layer = layer_holding(p.offset);
+        r[layer].push_back({p.offset - param_offsets[layer], p.shape.numel()});
+        r[layer_count].push_back({p.offset, p.shape.numel()});
+      }
+      return r;
+    }();
+    return ranges[i];
   }
 
   // Fine-tuning: freeze(i) stops the optimizer from updating layer i (counted from 0 after the Input, as in the type
@@ -398,6 +414,13 @@ class Sequential {
   // Every parameter tensor with PyTorch's Sequential names ("1.weight"): a Dense with a fused activation counts as
   // two modules, Linear then the activation, as in the equivalent torch.nn.Sequential. Offsets are into the flat
   // buffer.
+  // The layer whose part of the flat parameter buffer holds `offset`.
+  static std::size_t layer_holding(index_t offset) {
+    std::size_t layer = 0;
+    while (layer + 1 < layer_count && param_offsets[layer + 1] <= offset) ++layer;
+    return layer;
+  }
+
   static std::vector<static_parameter_info> named_parameter_infos() {
     std::vector<static_parameter_info> out;
     int torch_index = 0;
