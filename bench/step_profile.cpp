@@ -114,7 +114,8 @@ int main(int argc, char** argv) try {
   set_num_threads(threads);
   std::printf("kiln step profile: %d thread%s; single-precision products on %s\n", threads, threads == 1 ? "" : "s",
               kernels::cpu::amx_gemm_active() ? "AMX tiles" : "AVX-512/AVX2 FMAs");
-  if (clip_norm > 0) std::printf("Adam clips the gradients' joint 2-norm to %g (inside the update's part)\n", clip_norm);
+  if (clip_norm > 0)
+    std::printf("Adam clips the gradients' joint 2-norm to %g (inside the update's part)\n", clip_norm);
 
   // The ladder's MNIST batches: one epoch in a seeded shuffled order, assembled before timing.
   std::vector<Tensor<float>> images;

@@ -148,7 +148,8 @@ int main(int argc, char** argv) try {
 
   outcome one, two;
   if (mode == "static") {
-    one = run_static<Sequential<policy::cpu, Input<window, 1>, LastStep<LSTM<32>>, Dense<1>>>(tr, val, epochs, seed, clip_norm);
+    one = run_static<Sequential<policy::cpu, Input<window, 1>, LastStep<LSTM<32>>, Dense<1>>>(tr, val, epochs, seed,
+                                                                                              clip_norm);
     two = run_static<Sequential<policy::cpu, Input<window, 1>, LastStep<LSTM<32, 2>>, Dense<1>>>(tr, val, epochs, seed,
                                                                                                      clip_norm);
   } else {
