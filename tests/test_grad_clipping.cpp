@@ -181,6 +181,28 @@ TEST_CASE("the optimizers' clip option is clip_grad_norm (or clip_grad_value) be
   }
 }
 
+TEST_CASE("clip_grad_norm and clip_grad_value over an optimizer's slots, and over a static model's") {
+  manual_seed(4);
+  nn::Linear layer(3, 2);
+  optim::Adam opt(layer.parameters(), {.lr = 1e-3});
+  nn::sum(layer(nn::Variable(Tensor<float>(shape{2, 3}, {1, 2, 3, 4, 5, 6})))).backward();
+  const double norm = optim::grad_norm<policy::cpu>(std::span<const cpu_slot>(opt.slots()));
+  CHECK(norm > 0.1);
+  CHECK(optim::clip_grad_norm(opt, 0.1) == norm);
+  CHECK(nn::clip_grad_norm(layer.parameters(), 1.0) == doctest::Approx(0.1).epsilon(1e-6));
+  optim::clip_grad_value(opt, 0.01);
+  for (const auto& p : layer.parameters())
+    for (index_t i = 0; i < p.numel(); ++i) CHECK(std::fabs(p.grad()[i]) <= 0.01f);
+
+  // A static model's slots: its flat slot lists the tensors, so its norm is theirs, padding left out.
+  using Net = Sequential<policy::cpu, Input<3>, Dense<2>, Dense<1>>;
+  Net net(4, 1);
+  const auto slots = net.parameters();
+  REQUIRE(slots.size() == 1);
+  CHECK(slots[0].tensors.size() == 4);
+  CHECK(slots[0].size == 16 + 16);  // each layer padded to 16 values: 3 x 2 + 2 and 2 + 1
+}
+
 TEST_CASE("static and dynamic mode: bit-identical losses with clipping on, flat slots or not") {
   // Layer 1 holds 4 x 8 + 8 = 40 parameters: the flat buffer pads it to 48, so the second layer's tensors sit at
   // other offsets than in dynamic mode's slots.
