@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cuda_test_helpers.cuh"
+#include "kiln/optim/clip.hpp"
 #include "kiln/policy.hpp"
 #include "kiln/policy_cuda.cuh"
 
@@ -358,6 +359,33 @@ TEST_CASE_TEMPLATE("optimizer updates over a flat buffer, several steps", T, flo
       gpu_policy::regularize_gradient(param_d.data(), grad_d.data(), n, T(0.01), T(0.001));
       check_close(to_host(grad_d), grad, tol, 1e-30, label<T>("regularize_gradient", n));
     }
+  }
+}
+
+TEST_CASE("gradient clipping on the GPU policy gives the CPU's norm and gradients, bit for bit") {
+  // The norm is summed on the host from a copy of the gradients; the scaling runs on the device, one multiply each.
+  const auto a = random_values<float>(1001, 95, -3.0f, 3.0f), b = random_values<float>(7, 96, -3.0f, 3.0f);
+  for (const bool by_value : {false, true}) {
+    std::vector<float> a_cpu = a, b_cpu = b, values(1001);
+    auto a_d = to_device(a), b_d = to_device(b);
+    kiln::cuda::device_buffer<float> values_d(1001);
+    const std::vector<optim::parameter_slot<float>> cpu_slots{{values.data(), a_cpu.data(), 1001},
+                                                              {values.data(), b_cpu.data(), 7}};
+    const std::vector<optim::parameter_slot<float>> gpu_slots{{values_d.data(), a_d.data(), 1001},
+                                                              {values_d.data(), b_d.data(), 7}};
+    const std::span<const optim::parameter_slot<float>> cpu_view(cpu_slots), gpu_view(gpu_slots);
+    if (by_value) {
+      optim::clip_grad_value<cpu_policy>(cpu_view, 0.5);
+      optim::clip_grad_value<gpu_policy>(gpu_view, 0.5);
+    } else {
+      const double norm = optim::clip_grad_norm<cpu_policy>(cpu_view, 1.0);
+      CHECK(norm > 1.0);
+      CHECK(optim::clip_grad_norm<gpu_policy>(gpu_view, 1.0) == norm);
+      CHECK(optim::grad_norm<gpu_policy>(gpu_view, std::numeric_limits<double>::infinity()) ==
+            optim::grad_norm<cpu_policy>(cpu_view, std::numeric_limits<double>::infinity()));
+    }
+    CHECK(to_host(a_d) == a_cpu);
+    CHECK(to_host(b_d) == b_cpu);
   }
 }
 
