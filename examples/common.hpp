@@ -43,23 +43,9 @@ class flags {
     return fallback;
   }
   long long get_int(const char* name, long long fallback) const {
-    const std::string v = get(name, "");
-    if (v.empty()) return fallback;
-    long long value = 0;
-    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
-    if (ec != std::errc() || end != v.data() + v.size())
-      throw kiln::error(std::string(name) + ": expected an integer, found '" + v + "'");
-    return value;
+    return get_number<long long>(name, fallback, "an integer");
   }
-  double get_double(const char* name, double fallback) const {
-    const std::string v = get(name, "");
-    if (v.empty()) return fallback;
-    double value = 0;
-    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
-    if (ec != std::errc() || end != v.data() + v.size())
-      throw kiln::error(std::string(name) + ": expected a number, found '" + v + "'");
-    return value;
-  }
+  double get_double(const char* name, double fallback) const { return get_number<double>(name, fallback, "a number"); }
   bool has(const char* name) const {
     for (int i = 1; i < argc_; ++i)
       if (std::strcmp(argv_[i], name) == 0) return true;
@@ -67,6 +53,17 @@ class flags {
   }
 
  private:
+  template <class N>
+  N get_number(const char* name, N fallback, const char* expected) const {
+    const std::string v = get(name, "");
+    if (v.empty()) return fallback;
+    N value = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+    if (ec != std::errc() || end != v.data() + v.size())
+      throw kiln::error(std::string(name) + ": expected " + expected + ", found '" + v + "'");
+    return value;
+  }
+
   int argc_;
   char** argv_;
   std::vector<const char*> known_;

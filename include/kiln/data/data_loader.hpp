@@ -50,12 +50,12 @@ inline std::uint64_t augment_stream(std::uint64_t epoch, index_t sample) {
   return ((epoch & 0x7FFFFFFFull) << 32) ^ static_cast<std::uint64_t>(sample);
 }
 
-// Iterates a dataset in batches; see the top of this file. The data set is referenced, not copied: it must outlive
-// the loader. One epoch at a time: start_epoch (or epoch()) abandons an epoch in progress, as does destruction.
 // The bytes of one batch's features below which a data_loader copies them on one thread: a parallel region costs
 // a few microseconds, about what copying 16 KiB from memory takes.
 inline constexpr index_t parallel_copy_bytes = index_t(32) << 10;
 
+// Iterates a dataset in batches; see the top of this file. The data set is referenced, not copied: it must outlive
+// the loader. One epoch at a time: start_epoch (or epoch()) abandons an epoch in progress, as does destruction.
 template <dataset D>
 class data_loader {
  public:

@@ -43,11 +43,6 @@ struct clipping {
 
 namespace clip_detail {
 
-inline void check_norm_arguments(double max_norm, const clip_norm_options& o) {
-  if (!(max_norm >= 0)) fail("clip_grad_norm: expected max_norm >= 0, found ", max_norm);
-  if (!(o.norm_type > 0)) fail("clip_grad_norm: expected norm_type > 0 (or infinity), found ", o.norm_type);
-}
-
 // Whether a slot's gradient takes part: a frozen slot's does not, nor one still waiting to be zeroed (zero_grad's
 // pending flag: the gradient is zero, and its memory is not yet).
 template <class T>
@@ -138,12 +133,10 @@ void with_host_values(const T* grad, index_t n, std::vector<T>& staging, F&& f) 
   }
 }
 
-}  // namespace clip_detail
-
-// The p-norm of the gradients of `slots` that take part (trainable, not waiting to be zeroed), in double.
+// grad_norm's work, for grad_norm and clip_grad_norm, which check norm_type first and name themselves.
 template <class Policy, class T>
-double grad_norm(std::span<const parameter_slot<T>> slots, double norm_type = 2.0) {
-  if (!(norm_type > 0)) fail("grad_norm: expected norm_type > 0 (or infinity), found ", norm_type);
+double norm(std::span<const parameter_slot<T>> slots, double norm_type, const char* where) {
+  if (!(norm_type > 0)) fail(where, ": expected norm_type > 0 (or infinity), found ", norm_type);
   const bool largest = std::isinf(norm_type);
   double total = 0;
   std::vector<T> staging;
@@ -164,13 +157,21 @@ double grad_norm(std::span<const parameter_slot<T>> slots, double norm_type = 2.
   return norm_type == 2.0 ? std::sqrt(total) : std::pow(total, 1.0 / norm_type);
 }
 
+}  // namespace clip_detail
+
+// The p-norm of the gradients of `slots` that take part (trainable, not waiting to be zeroed), in double.
+template <class Policy, class T>
+double grad_norm(std::span<const parameter_slot<T>> slots, double norm_type = 2.0) {
+  return clip_detail::norm<Policy>(slots, norm_type, "grad_norm");
+}
+
 // Scales the gradients of `slots` that take part by max_norm / (norm + 1e-6) where that is below 1, computed in T as
 // PyTorch does, and returns their norm (before scaling). A NaN norm makes every gradient NaN, as in PyTorch, unless
 // error_if_nonfinite asks for a kiln::error.
 template <class Policy, class T>
 double clip_grad_norm(std::span<const parameter_slot<T>> slots, double max_norm, clip_norm_options o = {}) {
-  clip_detail::check_norm_arguments(max_norm, o);
-  const double norm = grad_norm<Policy>(slots, o.norm_type);
+  if (!(max_norm >= 0)) fail("clip_grad_norm: expected max_norm >= 0, found ", max_norm);
+  const double norm = clip_detail::norm<Policy>(slots, o.norm_type, "clip_grad_norm");
   if (o.error_if_nonfinite && !std::isfinite(norm))
     fail("clip_grad_norm: the gradients' norm (norm_type ", o.norm_type, ") is ", norm,
          ", not finite: some gradient holds a NaN or an infinity");
