@@ -61,7 +61,7 @@ int main(int argc, char** argv) try {
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
   std::string schedule = flags.get("--schedule", "cosine");
-  examples::mnist_epoch_lr(schedule, 0, epochs);  // refuses an unknown schedule before loading anything
+  examples::check_mnist_schedule(schedule);  // before loading anything
   set_num_threads(threads);
   auto load_start = std::chrono::steady_clock::now();
   auto mnist = examples::load_mnist_data(flags.get("--data", ""));

@@ -54,16 +54,15 @@ double accuracy(const data::tensor_dataset<float, std::int64_t>& test, Predict&&
 }
 
 // PyTorch style: an explicit loop over a shuffling loader; step(x, y) trains on one batch and returns its loss, and
-// set_lr(lr) sets the optimizer's rate at the start of each epoch (the scheduler.step() of a PyTorch loop).
-template <class Step, class SetLr>
-outcome run_loop(const examples::mnist_data& mnist, int epochs, std::uint64_t seed, const std::string& schedule,
-                 Step&& step, SetLr&& set_lr) {
+// the learning-rate scheduler (none for a constant rate) steps after each epoch.
+template <class Step>
+outcome run_loop(const examples::mnist_data& mnist, int epochs, std::uint64_t seed, optim::lr_scheduler* schedule,
+                 Step&& step) {
   data::data_loader loader(mnist.train, {.batch_size = 64, .shuffle = true, .seed = seed, .prefetch = 1});
   double step_seconds = 0;
   long long steps = 0;
   auto start = std::chrono::steady_clock::now();
   for (int epoch = 0; epoch < epochs; ++epoch) {
-    set_lr(examples::mnist_epoch_lr(schedule, epoch, epochs));
     double running = 0;
     for (const auto& batch : loader.epoch(static_cast<std::uint64_t>(epoch))) {
       auto t0 = std::chrono::steady_clock::now();
@@ -75,6 +74,7 @@ outcome run_loop(const examples::mnist_data& mnist, int epochs, std::uint64_t se
         running = 0;
       }
     }
+    if (schedule) schedule->step();
   }
   return {0, examples::seconds_since(start), steps ? step_seconds * 1e6 / double(steps) : 0};
 }
@@ -88,7 +88,7 @@ int main(int argc, char** argv) try {
   int threads = static_cast<int>(flags.get_int("--threads", 1));
   auto seed = static_cast<std::uint64_t>(flags.get_int("--seed", 42));
   std::string schedule = flags.get("--schedule", "cosine");
-  examples::mnist_epoch_lr(schedule, 0, epochs);  // refuses an unknown schedule before loading anything
+  examples::check_mnist_schedule(schedule);  // before loading anything
   if ((mode != "static" && mode != "dynamic") || (style != "fit" && style != "loop"))
     fail("mnist_mlp: expected --mode static|dynamic and --style fit|loop, found --mode ", mode, " --style ", style);
   set_num_threads(threads);
@@ -104,9 +104,9 @@ int main(int argc, char** argv) try {
       result = run_fit(net, mnist, epochs, seed, schedule);
     } else {
       optim::Adam opt({.lr = examples::mnist_lr});
-      result = run_loop(
-          mnist, epochs, seed, schedule, [&](auto x, auto y) { return net.train_step(x, y, loss::cross_entropy{}, opt); },
-          [&](double lr) { opt.set_lr(lr); });
+      auto lr_schedule = examples::mnist_loop_schedule(opt, schedule, epochs);
+      result = run_loop(mnist, epochs, seed, lr_schedule.get(),
+                        [&](auto x, auto y) { return net.train_step(x, y, loss::cross_entropy{}, opt); });
       result.test_acc = accuracy(mnist.test, [&](const Tensor<float>& x) { return net.predict(x); });
     }
   } else {
@@ -115,17 +115,15 @@ int main(int argc, char** argv) try {
       result = run_fit(model, mnist, epochs, seed, schedule);
     } else {
       optim::Adam opt(model.parameters(), {.lr = examples::mnist_lr});
-      result = run_loop(
-          mnist, epochs, seed, schedule,
-          [&](auto x, auto y) {
-            opt.zero_grad();
-            // borrowing: the loader's batch goes in without a copy (torch.from_numpy's way).
-            auto loss = nn::cross_entropy(model(nn::Variable::borrowing(x)), y.span());
-            loss.backward();
-            opt.step();
-            return loss.item();
-          },
-          [&](double lr) { opt.set_lr(lr); });
+      auto lr_schedule = examples::mnist_loop_schedule(opt, schedule, epochs);
+      result = run_loop(mnist, epochs, seed, lr_schedule.get(), [&](auto x, auto y) {
+        opt.zero_grad();
+        // borrowing: the loader's batch goes in without a copy (torch.from_numpy's way).
+        auto loss = nn::cross_entropy(model(nn::Variable::borrowing(x)), y.span());
+        loss.backward();
+        opt.step();
+        return loss.item();
+      });
       result.test_acc = accuracy(mnist.test, [&](const Tensor<float>& x) {
         nn::no_grad guard;
         model.eval();

@@ -122,6 +122,19 @@ TEST_CASE("fixture loader reads scalars, integer labels and optimizer hyper-para
   CHECK(mlp.i64("labels").size() == 8);
 }
 
+TEST_CASE("fixture loader reads f64 arrays at full precision") {
+  temp_fixture t(std::string(header) + "tensor a f64 1 3\n0.1 1e-300 nan\ntensor s f64 0\n0.30000000000000004\n");
+  fixture f = t.load();
+  auto a = f.f64("a");
+  CHECK(a[0] == 0.1);
+  CHECK(a[1] == 1e-300);
+  CHECK(std::isnan(a[2]));
+  CHECK(f.f64("s")[0] == 0.1 + 0.2);
+  CHECK(f.scalar("s") == 0.3f);
+  CHECK_THROWS_AS(f.f32("a"), kiln::error);  // f64 is not f32
+  CHECK_THROWS_AS(f.i64("a"), kiln::error);
+}
+
 TEST_CASE("fixture loader throws kiln::error naming file and line on malformed input") {
   CHECK_THROWS_AS(fixture("no_such_case_anywhere"), kiln::error);
 

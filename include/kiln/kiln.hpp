@@ -20,6 +20,7 @@
 #include "kiln/layers/softmax.hpp"
 #include "kiln/loss/losses.hpp"
 #include "kiln/optim/adam.hpp"
+#include "kiln/optim/lr_scheduler.hpp"
 #include "kiln/optim/sgd.hpp"
 #include "kiln/policy.hpp"
 #include "kiln/static/sequential.hpp"

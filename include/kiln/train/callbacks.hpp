@@ -3,10 +3,8 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <functional>
 #include <limits>
-#include <numbers>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -16,6 +14,7 @@
 #include "kiln/core/tensor.hpp"
 #include "kiln/io/atomic_file.hpp"
 #include "kiln/io/safetensors_format.hpp"
+#include "kiln/optim/lr_scheduler.hpp"
 #include "kiln/train/logs.hpp"
 
 namespace kiln::train {
@@ -227,16 +226,19 @@ class LearningRateScheduler : public callback {
   using schedule_fn = std::function<double(int epoch, double initial_lr)>;
   explicit LearningRateScheduler(schedule_fn schedule) : schedule_(std::move(schedule)) {}
 
-  // Multiplies the rate by gamma every step_size epochs (PyTorch's StepLR).
+  // Multiplies the rate by gamma every step_size epochs (optim::StepLR's formula).
   static LearningRateScheduler step(int step_size, double gamma) {
     if (step_size <= 0) fail("LearningRateScheduler::step: expected step_size > 0, found ", step_size);
-    return LearningRateScheduler([=](int epoch, double lr0) { return lr0 * std::pow(gamma, epoch / step_size); });
+    return LearningRateScheduler([=](int epoch, double lr0) {
+      return optim::StepLR::closed_form(lr0, epoch, {.step_size = step_size, .gamma = gamma});
+    });
   }
-  // Cosine annealing from the initial rate to min_lr over t_max epochs (PyTorch's CosineAnnealingLR).
+  // Cosine annealing from the initial rate to min_lr over t_max epochs, then held at min_lr (optim::CosineAnnealingLR's
+  // formula, which would rise again past t_max).
   static LearningRateScheduler cosine(int t_max, double min_lr = 0.0) {
     if (t_max <= 0) fail("LearningRateScheduler::cosine: expected t_max > 0, found ", t_max);
     return LearningRateScheduler([=](int epoch, double lr0) {
-      return min_lr + (lr0 - min_lr) * (1 + std::cos(std::numbers::pi * std::min(epoch, t_max) / t_max)) / 2;
+      return optim::CosineAnnealingLR::closed_form(lr0, std::min(epoch, t_max), {.t_max = t_max, .eta_min = min_lr});
     });
   }
 
