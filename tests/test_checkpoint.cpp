@@ -205,6 +205,8 @@ TEST_CASE("checkpoints: nonsense counts and learning rates are refused, and a re
       {"negative lr", with_meta("optimizer.lr", "-0.1"), "optimizer.lr >= 0"},
       {"negative steps_taken", with_meta("optimizer.steps_taken", "-5"), "optimizer.steps_taken"},
       {"bad epoch", with_meta("epoch", "notanumber"), "'epoch'"},
+      {"scheduler state of three words", with_meta("schedule.lr", "3 inf 0"), "'schedule.lr'"},
+      {"scheduler best not a number", with_meta("schedule.lr", "3 best 0 0"), "best metric"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.what);
@@ -223,7 +225,8 @@ TEST_CASE("checkpoints: nonsense counts and learning rates are refused, and a re
 TEST_CASE("checkpoints: user metadata in the checkpoint's own namespaces is refused at save time") {
   static_net net(8, 3);
   optim::Adam opt({.lr = 0.003});
-  for (const char* key : {"rng.notes", "optimizer", "optimizer.lr", "optimizer.comment", "epoch", "step", "kiln.x"}) {
+  for (const char* key :
+       {"rng.notes", "optimizer", "optimizer.lr", "optimizer.comment", "epoch", "step", "kiln.x", "schedule.lr"}) {
     CAPTURE(key);
     auto path = temp_path("reserved.ckpt");
     fs::remove(path);
@@ -235,6 +238,8 @@ TEST_CASE("checkpoints: user metadata in the checkpoint's own namespaces is refu
   CHECK_THROWS_WITH_AS(io::save_checkpoint(temp_path("gen.ckpt"), net, opt, {.generators = {{"d", g.state()},
                                                                                             {"d", g.state()}}}),
                        doctest::Contains("'d' twice"), error);
+  CHECK_THROWS_WITH_AS(io::save_checkpoint(temp_path("sched.ckpt"), net, opt, {.schedulers = {{"lr", {}}, {"lr", {}}}}),
+                       doctest::Contains("'lr' twice"), error);
   // Keys beside the namespaces round-trip, "optimizer_comment" included.
   auto path = temp_path("user_meta.ckpt");
   io::save_checkpoint(path, net, opt, {.metadata = {{"optimizer_comment", "keep me"}, {"note", "n"}}});
@@ -319,4 +324,70 @@ TEST_CASE("ModelCheckpoint writes the best weights to a file (and keeps them in 
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i)
     for (index_t k = 0; k < a[i].second.numel(); ++k) CHECK(a[i].second[k] == b[i].second[k]);
+}
+
+namespace {
+
+void check_scheduled_resume() {
+  const int total = 12, at = 5;
+  data_set d;
+  auto path = temp_path("scheduled.ckpt");
+  // A warm-up then a cosine, stepped after every training step.
+  auto schedule_for = [](optim::SGD& opt) {
+    return optim::SequentialLR(opt, {optim::LinearLR(opt, {.start_factor = 0.2, .total_iters = 3}),
+                                     optim::CosineAnnealingLR(opt, {.t_max = 9, .eta_min = 0.01})},
+                               {3});
+  };
+  auto step = [](nn::Sequential& model, optim::SGD& opt, optim::lr_scheduler& schedule) {
+    return [&](auto& x, auto& y) {
+      opt.zero_grad();
+      auto l = nn::cross_entropy(model(nn::Variable(x)), y.span());
+      l.backward();
+      opt.step();
+      schedule.step();
+      return l.item();
+    };
+  };
+  const optim::sgd_options options{.lr = 0.1, .momentum = 0.9};
+  std::vector<float> uninterrupted, resumed;
+  {
+    auto model = dynamic_net(42);
+    optim::SGD opt(model.parameters(), options);
+    auto schedule = schedule_for(opt);
+    random_generator rng(7);
+    train(d, rng, 0, total, uninterrupted, step(model, opt, schedule));
+  }
+  {
+    auto model = dynamic_net(42);
+    optim::SGD opt(model.parameters(), options);
+    auto schedule = schedule_for(opt);
+    optim::ReduceLROnPlateau plateau(opt);  // never stepped: its best is still +infinity
+    random_generator rng(7);
+    train(d, rng, 0, at, resumed, step(model, opt, schedule));
+    io::save_checkpoint(path, model, opt,
+                        {.generators = {{"data", rng.state()}},
+                         .schedulers = {{"lr", schedule.state()}, {"plateau", plateau.state()}}});
+  }
+  auto model = dynamic_net(999);
+  optim::SGD opt(model.parameters(), options);
+  auto schedule = schedule_for(opt);
+  auto state = io::load_checkpoint(path, model, opt);
+  schedule.restore(state.scheduler("lr"));
+  CHECK(schedule.last_epoch() == at);
+  CHECK(state.scheduler("plateau").best == std::numeric_limits<double>::infinity());
+  CHECK_THROWS_WITH_AS(state.scheduler("other"), doctest::Contains("'other'"), error);
+  random_generator rng;
+  rng.set_state(state.generator("data"));
+  train(d, rng, at, total, resumed, step(model, opt, schedule));
+  REQUIRE(resumed.size() == uninterrupted.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    CAPTURE(i);
+    CHECK(resumed[i] == uninterrupted[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a learning-rate scheduler saved in a checkpoint resumes its schedule: the losses match, bit for bit") {
+  check_scheduled_resume();
 }

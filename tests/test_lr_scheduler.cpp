@@ -309,3 +309,68 @@ TEST_CASE("a scheduler sets the rate that a static train_step uses") {
   CHECK(loss2 == loss1);
   CHECK(loss3 < loss2);
 }
+
+namespace {
+
+// Steps `first` for `stop` epochs, then a second scheduler made by make() on a second optimizer restores first's
+// state and both go on for `more` epochs: the two must set the same rates (and the same plateau state) at every one.
+template <class Make, class Step>
+void check_resumes(Make&& make, Step&& step, int stop, int more) {
+  optim::SGD opt_a({.lr = 0.1}), opt_b({.lr = 0.1});
+  auto a = make(opt_a);
+  for (int e = 0; e < stop; ++e) step(a, e);
+  auto b = make(opt_b);
+  b.restore(a.state());
+  CHECK(b.last_epoch() == a.last_epoch());
+  opt_b.set_lr(opt_a.lr());  // a checkpoint restores the optimizer's rate itself
+  CHECK(opt_b.lr() == opt_a.lr());
+  for (int e = stop; e < stop + more; ++e) {
+    step(a, e);
+    step(b, e);
+    INFO("epoch " << e);
+    CHECK(opt_b.lr() == opt_a.lr());
+    CHECK(b.last_lr() == a.last_lr());
+    CHECK(b.last_epoch() == a.last_epoch());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a scheduler restored from another's state() goes on as that one does") {
+  auto plain = [](auto& s, int) { s.step(); };
+  check_resumes([](optim::SGD& o) { return optim::StepLR(o, {.step_size = 3, .gamma = 0.5}); }, plain, 7, 10);
+  check_resumes([](optim::SGD& o) { return optim::CosineAnnealingLR(o, {.t_max = 12, .eta_min = 1e-3}); }, plain, 5,
+                20);
+  check_resumes([](optim::SGD& o) { return optim::OneCycleLR(o, {.max_lr = 1, .total_steps = 20}); }, plain, 9, 11);
+  // SequentialLR: restored into the warm-up, and past the milestone into the cosine.
+  auto sequential = [](optim::SGD& o) {
+    return optim::SequentialLR(o, {optim::LinearLR(o, {.start_factor = 0.1, .total_iters = 4}),
+                                   optim::CosineAnnealingLR(o, {.t_max = 10})},
+                               {4});
+  };
+  check_resumes(sequential, plain, 2, 12);
+  check_resumes(sequential, plain, 4, 8);
+  check_resumes(sequential, plain, 9, 5);
+  // ReduceLROnPlateau: restored in the middle of a patience count and of a cooldown.
+  const std::vector<double> metric{5, 4, 4, 4, 4, 4, 3.5, 3.5, 3.5, 3.5, 3.5, 3.5, 3.5, 3, 3, 3, 3, 3, 3, 3};
+  auto plateau = [](optim::SGD& o) {
+    return optim::ReduceLROnPlateau(o, {.factor = 0.5, .patience = 2, .cooldown = 2});
+  };
+  auto with_metric = [&](optim::ReduceLROnPlateau& s, int e) { s.step(metric[static_cast<std::size_t>(e)]); };
+  for (int stop : {3, 5, 6, 8}) check_resumes(plateau, with_metric, stop, 20 - stop);
+}
+
+TEST_CASE("restore refuses a state the scheduler cannot be in, and changes nothing then") {
+  optim::SGD opt({.lr = 0.1});
+  optim::OneCycleLR cycle(opt, {.max_lr = 1, .total_steps = 10});
+  cycle.step();
+  const double lr = opt.lr();
+  CHECK_THROWS_WITH_AS(cycle.restore({.last_epoch = 11}), doctest::Contains("OneCycleLR"), kiln::error);
+  CHECK_THROWS_WITH_AS(cycle.restore({.last_epoch = -1}), doctest::Contains("last_epoch >= 0"), kiln::error);
+  CHECK(opt.lr() == lr);
+  CHECK(cycle.last_epoch() == 1);
+  optim::ReduceLROnPlateau plateau(opt);
+  CHECK_THROWS_WITH_AS(plateau.restore({.last_epoch = 3, .best = 1, .bad_epochs = -2}),
+                       doctest::Contains("ReduceLROnPlateau"), kiln::error);
+  CHECK(plateau.last_epoch() == 0);
+}

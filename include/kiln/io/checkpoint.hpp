@@ -4,17 +4,21 @@
 // time such as dropout, plus any the caller names: data order, augmentation). Training resumed from a checkpoint
 // reproduces the uninterrupted run's losses bit for bit.
 //
-//   kiln::io::save_checkpoint("run.ckpt", net, opt, {.epoch = e, .step = s, .generators = {{"data", data_rng.state()}}});
+//   kiln::io::save_checkpoint("run.ckpt", net, opt, {.epoch = e, .step = s, .generators = {{"data", data_rng.state()}},
+//                                                    .schedulers = {{"lr", schedule.state()}}});
 //   auto state = kiln::io::load_checkpoint("run.ckpt", net, opt);   // a fresh model and optimizer of the same kind
 //   data_rng.set_state(state.generator("data"));
+//   schedule.restore(state.scheduler("lr"));                        // a scheduler made as the saved one was
 //
 // Layout: the weights under their own names; optimizer tensors under "optimizer.<slot>.<name>" (slot = position in
 // the optimizer's parameter list) and "optimizer.step" (I64, Adam); everything else in __metadata__ ("kiln.format"
 // = "checkpoint", "epoch", "step", "optimizer", "optimizer.lr", "optimizer.steps_taken", "optimizer.slot_sizes",
-// "rng.<name>" = "seed stream position", the model's k-th as "rng.model.<k>"; version 1 had one "rng.model" for all).
-// These names, and all of "optimizer.*", "rng.*" and "kiln.*", are the checkpoint's own: save_checkpoint refuses user
-// metadata keys among them, so that whatever it saves loads back unchanged. A checkpoint saved before the first step
-// (no optimizer state yet, or a static model's optimizer without its parameters) loads like any other.
+// "rng.<name>" = "seed stream position", the model's k-th as "rng.model.<k>"; version 1 had one "rng.model" for all;
+// "schedule.<name>" = "last_epoch best bad_epochs cooldown_left" for a learning-rate scheduler the caller names).
+// These names, and all of "optimizer.*", "rng.*", "schedule.*" and "kiln.*", are the checkpoint's own:
+// save_checkpoint refuses user metadata keys among them, so that whatever it saves loads back unchanged. A checkpoint
+// saved before the first step (no optimizer state yet, or a static model's optimizer without its parameters) loads
+// like any other.
 // load_weights reads a checkpoint's weights and skips the rest.
 #pragma once
 
@@ -22,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -37,6 +42,7 @@
 #include "kiln/io/safetensors.hpp"
 #include "kiln/io/weights.hpp"
 #include "kiln/optim/adam.hpp"
+#include "kiln/optim/lr_scheduler.hpp"
 #include "kiln/optim/sgd.hpp"
 
 namespace kiln::io {
@@ -50,12 +56,20 @@ struct checkpoint_state {
   std::vector<std::pair<std::string, random_generator::state_type>> generators{};
   // Any further string entries.
   std::vector<std::pair<std::string, std::string>> metadata{};
+  // Named learning-rate schedulers' states (optim::lr_scheduler::state()).
+  std::vector<std::pair<std::string, optim::lr_scheduler_state>> schedulers{};
 
   // A generator's saved state by name; throws if the checkpoint has none of that name.
   random_generator::state_type generator(const std::string& name) const {
     for (const auto& [n, s] : generators)
       if (n == name) return s;
     fail("checkpoint: no random generator named '", name, "' was saved");
+  }
+  // A scheduler's saved state by name; throws if the checkpoint has none of that name.
+  optim::lr_scheduler_state scheduler(const std::string& name) const {
+    for (const auto& [n, s] : schedulers)
+      if (n == name) return s;
+    fail("checkpoint: no learning-rate scheduler named '", name, "' was saved");
   }
   const std::string* meta(const std::string& key) const {
     for (const auto& [k, v] : metadata)
@@ -118,13 +132,36 @@ inline std::string generator_text(const random_generator::state_type& s) {
   t += std::to_string(s.position);
   return t;
 }
-inline random_generator::state_type parse_generator(const std::string& text, const std::string& key,
-                                                    const std::string& source) {
-  std::vector<std::string_view> parts;
+inline std::string scheduler_text(const optim::lr_scheduler_state& s) {
+  return std::to_string(s.last_epoch) + ' ' + format_double(s.best) + ' ' + std::to_string(s.bad_epochs) + ' ' +
+         std::to_string(s.cooldown_left);
+}
+// The space-separated parts of a metadata value.
+inline std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> parts;
   std::string_view rest = text;
   for (std::size_t at; (at = rest.find(' ')) != std::string_view::npos; rest.remove_prefix(at + 1))
-    parts.push_back(rest.substr(0, at));
-  parts.push_back(rest);
+    parts.emplace_back(rest.substr(0, at));
+  parts.emplace_back(rest);
+  return parts;
+}
+inline optim::lr_scheduler_state parse_scheduler(const std::string& text, const std::string& key,
+                                                 const std::string& source) {
+  const auto parts = split_words(text);
+  if (parts.size() != 4)
+    fail("checkpoint '", source, "': expected 'last_epoch best bad_epochs cooldown_left' in metadata '", key,
+         "', found '", text, "'");
+  char* end = nullptr;
+  const double best = std::strtod(parts[1].c_str(), &end);
+  if (parts[1].empty() || end != parts[1].c_str() + parts[1].size())
+    fail("checkpoint '", source, "': expected a number for the best metric in metadata '", key, "', found '", text,
+         "'");
+  return {parse_integer(parts[0], key, source), best, parse_integer(parts[2], key, source),
+          parse_integer(parts[3], key, source)};
+}
+inline random_generator::state_type parse_generator(const std::string& text, const std::string& key,
+                                                    const std::string& source) {
+  const auto parts = split_words(text);
   if (parts.size() != 3)
     fail("checkpoint '", source, "': expected 'seed stream position' in metadata '", key, "', found '", text, "'");
   return {parse_unsigned(parts[0], key, source), parse_unsigned(parts[1], key, source),
@@ -174,7 +211,7 @@ inline std::string sizes_text(const std::vector<index_t>& sizes) {
 // Metadata the checkpoint writes and reads itself; a user key there would be overwritten or taken for one of its own.
 inline bool reserved_metadata_key(std::string_view key) {
   return key == "epoch" || key == "step" || key == "optimizer" || key.starts_with("optimizer.") ||
-         key.starts_with("rng.") || key.starts_with("kiln.");
+         key.starts_with("rng.") || key.starts_with("schedule.") || key.starts_with("kiln.");
 }
 // A count read from a checkpoint that the optimizer will increment: it must be >= 0 and leave room for that.
 inline void check_count(long long value, const std::string& what, const std::string& source) {
@@ -239,10 +276,16 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
     if (file.meta("rng." + name)) fail("save_checkpoint: expected unique generator names, found '", name, "' twice");
     file.set_meta("rng." + name, detail::generator_text(s));
   }
+  for (const auto& [name, s] : state.schedulers) {
+    if (file.meta("schedule." + name))
+      fail("save_checkpoint: expected unique scheduler names, found '", name, "' twice");
+    file.set_meta("schedule." + name, detail::scheduler_text(s));
+  }
   for (const auto& [k, v] : state.metadata) {
     if (detail::reserved_metadata_key(k))
       fail("save_checkpoint: the metadata key '", k, "' is in the checkpoint's own namespace (epoch, step, optimizer, "
-           "optimizer.*, rng.*, kiln.*); generators go in checkpoint_state::generators");
+           "optimizer.*, rng.*, schedule.*, kiln.*); generators go in checkpoint_state::generators, schedulers in "
+           "checkpoint_state::schedulers");
     if (file.meta(k)) fail("save_checkpoint: expected unique metadata keys, found '", k, "' twice");
     file.set_meta(k, v);
   }
@@ -349,6 +392,8 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
       } else {
         state.generators.emplace_back(k.substr(4), s);
       }
+    } else if (k.rfind("schedule.", 0) == 0) {
+      state.schedulers.emplace_back(k.substr(9), detail::parse_scheduler(v, k, source));
     } else if (k != "kiln.format" && k != "kiln.checkpoint_version" && k != "epoch" && k != "step" &&
                k != "optimizer" && k.rfind("optimizer.", 0) != 0) {
       state.metadata.emplace_back(k, v);

@@ -45,6 +45,15 @@ class optimizer_lr {
   void (*set_)(void*, double);
 };
 
+// What a scheduler needs to resume where it stopped (PyTorch's state_dict): the epochs stepped, and
+// ReduceLROnPlateau's running state (zero, and unused, for the others). io::save_checkpoint keeps it by name.
+struct lr_scheduler_state {
+  long long last_epoch = 0;
+  double best = 0;  // ReduceLROnPlateau: the best metric so far
+  long long bad_epochs = 0;
+  long long cooldown_left = 0;
+};
+
 // The base of every scheduler, for holding any of them: the optimizer, the base rate (the optimizer's when the
 // scheduler was made), the epochs stepped (last_epoch, 0 once made) and the rate set last. Move-only: a copy would be
 // a second scheduler stepping the same optimizer.
@@ -60,6 +69,13 @@ class lr_scheduler {
   virtual void step() = 0;
   // The rate set last (PyTorch's get_last_lr()).
   double last_lr() const { return last_lr_; }
+  // The state to resume from, and resuming: restore(state()) of a scheduler made as this one was puts it, and its
+  // optimizer's rate, where this one is (ReduceLROnPlateau leaves the rate to the optimizer's own restore).
+  virtual lr_scheduler_state state() const { return {last_epoch_, 0, 0, 0}; }
+  void restore(const lr_scheduler_state& s) {
+    if (s.last_epoch < 0) fail(name_, ": expected a saved last_epoch >= 0, found ", s.last_epoch);
+    restore_checked(s);
+  }
   long long last_epoch() const { return last_epoch_; }
   double base_lr() const { return base_lr_; }
   const char* name() const { return name_; }
@@ -88,6 +104,8 @@ class lr_scheduler {
   virtual void restart() = 0;
   // SequentialLR's schedulers all count from the first one's base rate (what PyTorch's initial_lr gives them).
   virtual void rebase(double base_lr) { base_lr_ = base_lr; }
+  // Goes to the saved epoch (last_epoch checked >= 0); refuses a state it cannot be in before changing anything.
+  virtual void restore_checked(const lr_scheduler_state& s) = 0;
 };
 
 // A scheduler whose rate follows from the base rate and the epoch alone: PyTorch's closed forms. PyTorch's step()
@@ -105,6 +123,7 @@ class closed_form_scheduler : public lr_scheduler {
  private:
   virtual double lr_at(long long epoch) const = 0;
   void restart() override { go_to(0); }
+  void restore_checked(const lr_scheduler_state& s) override { go_to(s.last_epoch); }
 };
 
 // A closed-form scheduler and its settings, Options.
@@ -408,6 +427,7 @@ class ReduceLROnPlateau : public lr_scheduler {
     }
     last_lr_ = optimizer_.get();
   }
+  lr_scheduler_state state() const override { return {last_epoch_, best_, bad_epochs_, cooldown_left_}; }
   // There is no plateau without a metric (PyTorch's step() raises too).
   void step() override { fail(name_, ": expected step(metric) with the monitored quantity, found step()"); }
   // The best metric so far (+-infinity before the first step), and the epochs since it without improvement.
@@ -430,6 +450,16 @@ class ReduceLROnPlateau : public lr_scheduler {
     return relative ? metric > best_ * (o.threshold + 1) : metric > best_ + o.threshold;
   }
   void restart() override { step(); }  // not reached: SequentialLR refuses it
+  void restore_checked(const lr_scheduler_state& s) override {
+    if (s.bad_epochs < 0 || s.cooldown_left < 0 || std::isnan(s.best))
+      fail(name_, ": expected a saved state with bad_epochs >= 0, cooldown_left >= 0 and a best metric, found ",
+           s.bad_epochs, ", ", s.cooldown_left, " and ", s.best);
+    last_epoch_ = s.last_epoch;
+    best_ = s.best;
+    bad_epochs_ = s.bad_epochs;
+    cooldown_left_ = s.cooldown_left;
+    last_lr_ = optimizer_.get();
+  }
 
   options_type options_;
   double best_ = 0;
@@ -500,6 +530,15 @@ class SequentialLR : public lr_scheduler {
   void rebase(double base_lr) override {
     base_lr_ = base_lr;
     for (auto& s : schedulers_) s->rebase(base_lr);
+  }
+  // The scheduler in charge at the epoch, at its own epoch: epoch - the milestone where it took over.
+  void restore_checked(const lr_scheduler_state& s) override {
+    const auto index = std::upper_bound(milestones_.begin(), milestones_.end(), s.last_epoch) - milestones_.begin();
+    const long long start = index > 0 ? milestones_[static_cast<std::size_t>(index - 1)] : 0;
+    lr_scheduler& in_charge = *schedulers_[static_cast<std::size_t>(index)];
+    in_charge.restore_checked({s.last_epoch - start, 0, 0, 0});
+    last_epoch_ = s.last_epoch;
+    last_lr_ = in_charge.last_lr();
   }
 
   std::vector<std::shared_ptr<lr_scheduler>> schedulers_;
