@@ -1,7 +1,9 @@
 // Writes kiln models for the Python interop checks (tests/onnx_check.py, tests/torch_check.py): for each model
 // <dir>/<name>.onnx or <name>.safetensors, with <name>.input.bin and <name>.output.bin (raw little-endian float32:
-// an input batch and kiln's outputs for it).
+// an input batch and kiln's outputs for it, in evaluation mode). Models with batch norm or layer norm are trained a
+// few steps first, so that their running statistics and affine parameters are not the initial ones.
 //   io_export onnx|safetensors <dir>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +30,31 @@ Tensor<float> random_input(shape s, std::uint64_t seed) {
   random_generator rng(seed);
   for (float& v : x.span()) v = rng.normal<float>();
   return x;
+}
+Tensor<std::int64_t> random_labels(index_t n, index_t classes, std::uint64_t seed) {
+  Tensor<std::int64_t> y(shape{n});
+  random_generator rng(seed);
+  for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(classes)));
+  return y;
+}
+// Five Adam steps of cross-entropy on one random batch (its first dimension the batch, at most the net's max_batch).
+template <class Net>
+void train_static(Net& net, shape in, index_t classes) {
+  auto x = random_input(in, 7);
+  auto y = random_labels(in[0], classes, 8);
+  optim::Adam opt({.lr = 1e-2});
+  for (int step = 0; step < 5; ++step) net.train_step(x, y, loss::cross_entropy{}, opt);
+}
+void train_dynamic(nn::Module& model, shape in, index_t classes) {
+  nn::Variable x(random_input(in, 9));
+  auto y = random_labels(in[0], classes, 10);
+  optim::Adam opt(model.parameters(), {.lr = 1e-2});
+  model.train();
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    nn::cross_entropy(model(x), y).backward();
+    opt.step();
+  }
 }
 template <class Net>
 void static_case(const fs::path& dir, const std::string& name, Net& net, shape in, io::onnx_options options = {}) {
@@ -76,6 +103,87 @@ int main(int argc, char** argv) try {
     manual_seed(5);
     auto reshape = nn::Sequential(nn::Flatten(2, 3), nn::Linear(12, 5), nn::Identity(), nn::Softmax(2));
     dynamic_case(dir, "dynamic_reshape", reshape, shape{4, 2, 3, 4}, {.opset = 13, .input_shape = {2, 3, 4}});
+
+    // CNNs. Shapes per sample: 3x12x11 -> conv 6x10x9 -> pool 6x5x4 -> conv (stride 2, padding 1) 8x3x2 -> average
+    // pool (stride 1, padding 1, the padding counted) 8x4x3 -> 96 -> 10 -> 4. The ReLU after the first Conv2D runs
+    // in its epilogue (static mode's fused activations).
+    using cnn = Sequential<policy::cpu, Input<3, 12, 11>, Conv2D<6, 3>, ReLU, MaxPool2D<2>,
+                           Conv2D<8, 3, conv_options{.stride = 2, .padding = 1}>, BatchNorm2d<>, LeakyReLU<0.1>,
+                           AvgPool2D<2, 1, 1>, Dropout<0.3>, Flatten, Dense<10, ReLU>, Dense<4>>;
+    cnn c(8, 3);
+    train_static(c, shape{8, 3, 12, 11}, 4);
+    static_case(dir, "static_cnn", c, shape{5, 3, 12, 11});
+    manual_seed(6);
+    auto dyn_cnn = nn::Sequential(nn::Conv2d(3, 6, 3), nn::ReLU(), nn::MaxPool2d(2), nn::Conv2d(6, 8, 3, 2, 1),
+                                  nn::BatchNorm2d(8), nn::LeakyReLU(0.1f), nn::AvgPool2d(2, 1, 1), nn::Dropout(0.3f),
+                                  nn::Flatten(), nn::Linear(96, 10), nn::ReLU(), nn::Linear(10, 4));
+    train_dynamic(dyn_cnn, shape{8, 3, 12, 11}, 4);
+    dynamic_case(dir, "dynamic_cnn", dyn_cnn, shape{5, 3, 12, 11}, {.input_shape = {3, 12, 11}});
+
+    // The other options: "same" padding with an even kernel (the odd pixel after the end), no bias, batch norm without
+    // affine, dilation and groups, ceil mode (last windows that reach past the end), count_include_pad off, and a
+    // global average pool: 4x9x10 -> 8x9x10 -> 8x9x10 -> 8x4x5 -> 8x3x3 -> 8 -> 3.
+    constexpr conv_options same_even{.same = true, .bias = false}, dilated{.padding = 2, .dilation = 2, .groups = 4};
+    using options_net =
+        Sequential<policy::cpu, Input<4, 9, 10>, Conv2D<8, 2, same_even>, BatchNorm2d<0.1, 1e-3, false>, Tanh,
+                   Conv2D<8, 3, dilated>, MaxPool2D<3, 2, 0, true>, AvgPool2D<3, 2, 1, true, false>, GlobalAvgPool2D,
+                   Dense<3>>;
+    options_net o(8, 4);
+    train_static(o, shape{8, 4, 9, 10}, 3);
+    static_case(dir, "static_cnn_options_opset13", o, shape{3, 4, 9, 10}, {.opset = 13});
+    manual_seed(7);
+    auto dyn_options = nn::Sequential(nn::Conv2d(4, 8, 2, 1, "same", 1, 1, false),
+                                      nn::BatchNorm2d(8, 1e-3f, 0.1f, false), nn::Tanh(),
+                                      nn::Conv2d(8, 8, 3, 1, 2, 2, 4), nn::MaxPool2d(3, 2, 0, true),
+                                      nn::AvgPool2d(3, 2, 1, true, false), nn::AdaptiveAvgPool2d(1), nn::Flatten(),
+                                      nn::Linear(8, 3));
+    train_dynamic(dyn_options, shape{8, 4, 9, 10}, 3);
+    dynamic_case(dir, "dynamic_cnn_options_opset13", dyn_options, shape{3, 4, 9, 10},
+                 {.opset = 13, .input_shape = {4, 9, 10}});
+
+    // Ceil-mode pooling at its edges: an average counting its padding whose last window reaches past the padded input
+    // (3x7x8 -> 3x4x5, written with a Pad node), then windows dropped for starting in the end padding (4x5 -> 2x2).
+    using pools = Sequential<policy::cpu, Input<3, 7, 8>, AvgPool2D<3, 2, 1, true>, MaxPool2D<2, 3, 1, true>, Flatten,
+                             Dense<5>>;
+    pools p(8, 5);
+    static_case(dir, "static_pools_ceil", p, shape{4, 3, 7, 8});
+    manual_seed(8);
+    auto dyn_pools = nn::Sequential(nn::AvgPool2d(3, 2, 1, true), nn::MaxPool2d(2, 3, 1, true), nn::Flatten(),
+                                    nn::Linear(12, 5));
+    dynamic_case(dir, "dynamic_pools_ceil", dyn_pools, shape{4, 3, 7, 8}, {.input_shape = {3, 7, 8}});
+
+    // Fashion-MNIST's CNN as examples/fashion_cnn builds it.
+    constexpr conv_options same_no_bias{.same = true, .bias = false};
+    using fashion = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3, same_no_bias>, BatchNorm2d<>, ReLU,
+                               MaxPool2D<2>, Conv2D<64, 3, same_no_bias>, BatchNorm2d<>, ReLU, MaxPool2D<2>,
+                               Dropout<0.25>, Flatten, Dense<128, ReLU>, Dropout<0.25>, Dense<10>>;
+    fashion f(8, 42);
+    train_static(f, shape{8, 1, 28, 28}, 10);
+    static_case(dir, "static_fashion_cnn", f, shape{3, 1, 28, 28});
+    manual_seed(42);
+    auto dyn_fashion = nn::Sequential(nn::Conv2d(1, 32, 3, 1, "same", 1, 1, false), nn::BatchNorm2d(32), nn::ReLU(),
+                                      nn::MaxPool2d(2), nn::Conv2d(32, 64, 3, 1, "same", 1, 1, false),
+                                      nn::BatchNorm2d(64), nn::ReLU(), nn::MaxPool2d(2), nn::Dropout(0.25f),
+                                      nn::Flatten(), nn::Linear(3136, 128), nn::ReLU(), nn::Dropout(0.25f),
+                                      nn::Linear(128, 10));
+    train_dynamic(dyn_fashion, shape{8, 1, 28, 28}, 10);
+    dynamic_case(dir, "dynamic_fashion_cnn", dyn_fashion, shape{3, 1, 28, 28}, {.input_shape = {1, 28, 28}});
+
+    // Normalisation: BatchNorm1d over (C, L) and over (C), LayerNorm over one trailing dim, two, and all; opset 17
+    // writes LayerNormalization, opset 13 its decomposition.
+    using norms = Sequential<policy::cpu, Input<4, 6>, BatchNorm1d<>, LayerNorm<6>, layer_norm_layer<1e-3, false, 4, 6>,
+                             Flatten, Dense<8, GELU>, BatchNorm1d<0.2, 1e-4, false>, Dense<3>, LayerNorm<>>;
+    norms n(8, 6);
+    train_static(n, shape{8, 4, 6}, 3);
+    static_case(dir, "static_norms_opset17", n, shape{5, 4, 6});
+    static_case(dir, "static_norms_opset13", n, shape{5, 4, 6}, {.opset = 13});
+    manual_seed(9);
+    auto dyn_norms = nn::Sequential(nn::BatchNorm1d(4), nn::LayerNorm(6), nn::LayerNorm(shape{4, 6}, 1e-3f, false),
+                                    nn::Flatten(), nn::Linear(24, 8), nn::GELU(),
+                                    nn::BatchNorm1d(8, 1e-4f, 0.2f, false), nn::Linear(8, 3), nn::LayerNorm(3));
+    train_dynamic(dyn_norms, shape{8, 4, 6}, 3);
+    dynamic_case(dir, "dynamic_norms_opset17", dyn_norms, shape{5, 4, 6}, {.input_shape = {4, 6}});
+    dynamic_case(dir, "dynamic_norms_opset13", dyn_norms, shape{5, 4, 6}, {.opset = 13, .input_shape = {4, 6}});
   } else if (what == "safetensors") {
     using mlp = Sequential<policy::cpu, Input<3, 4>, Flatten, Dense<8, ReLU>, Dense<5>>;
     mlp net(8, 21);

@@ -8,23 +8,30 @@
 //   GELU                    Gelu (opset >= 20), else its erf form 0.5 * x * (1 + Erf(x / sqrt 2))
 //   Softmax, LogSoftmax     Softmax / LogSoftmax with the axis attribute (opset >= 13 semantics)
 //   Flatten                 Flatten (axis = 1) for the default start_dim = 1, end_dim = -1; Reshape otherwise
-// A fused activation of a static Dense becomes its own node after the Gemm. A layer the exporter does not know is a
-// compile error (static) or a kiln::error naming it (dynamic); a new layer joins by adding an onnx_emit overload.
-// Written with kiln's own protobuf writer (kiln/io/protobuf.hpp); the format is onnx.proto's.
+//   Conv2D / Conv2d         Conv (strides, pads, dilations, group; "same" as explicit pads, the odd pixel at the end)
+//   MaxPool2D, AvgPool2D    MaxPool, AveragePool; ceil_mode as end padding that gives kiln's size (see onnx_cnn.hpp),
+//                           count_include_pad as kiln's (a Pad node first where a ceil-mode window overhangs)
+//   GlobalAvgPool2D         GlobalAveragePool + Flatten;  nn::AdaptiveAvgPool2d(1): GlobalAveragePool
+//   BatchNorm1d, 2d         BatchNormalization in inference form: running mean and variance, epsilon
+//   LayerNorm               LayerNormalization (opset >= 17), else ReduceMean, Sub, Mul, Add, Sqrt, Div
+//   Dropout                 nothing (the identity at inference)
+// The graph is the model's evaluation-mode computation, whatever mode the model is in. A fused activation of a
+// static Dense becomes its own node after the Gemm, as does the activation layer a static Conv2D fuses. A layer the
+// exporter does not know is a compile error (static) or a kiln::error naming it (dynamic); a new layer joins by
+// adding an onnx_emit overload. Written with kiln's own protobuf writer (kiln/io/protobuf.hpp); the format is
+// onnx.proto's.
 #pragma once
 
-#include <cmath>
-#include <cstdint>
 #include <filesystem>
-#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/io/atomic_file.hpp"
-#include "kiln/io/protobuf.hpp"
+#include "kiln/io/onnx_builder.hpp"
+#include "kiln/io/onnx_cnn.hpp"
 #include "kiln/layers/activation.hpp"
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/flatten.hpp"
@@ -33,270 +40,8 @@
 
 namespace kiln::io {
 
-struct onnx_options {
-  // Operator set: 13 to 20 here (Gelu is a single node from 20; below, its Erf decomposition).
-  int opset = 17;
-  std::string graph_name = "kiln";
-  std::string input_name = "input";
-  std::string output_name = "output";
-  // Dynamic mode only: the per-sample input shape (without the batch), e.g. {28, 28}. A leading -1 stands for the
-  // batch dimension, as in a reshape, and is dropped ({-1, 28, 28} is {28, 28}); no other extent may be negative.
-  std::vector<index_t> input_shape{};
-};
-
-// Builds an ONNX graph one operation at a time, tracking the current value's name and per-sample shape.
-class onnx_builder {
- public:
-  onnx_builder(onnx_options options, std::vector<index_t> sample_shape)
-      : options_(std::move(options)), shape_(std::move(sample_shape)), current_(options_.input_name) {
-    if (options_.opset < 13 || options_.opset > 20)
-      fail("export_onnx: expected an opset between 13 and 20, found ", options_.opset);
-    if (shape_.empty()) fail("export_onnx: the input needs a per-sample shape (e.g. {784})");
-    for (auto d : shape_)
-      if (d < 0) fail("export_onnx: expected per-sample input extents >= 0, found ", shape_text());
-    check_names();
-    input_shape_ = shape_;
-  }
-
-  const std::vector<index_t>& sample_shape() const { return shape_; }
-  int opset() const { return options_.opset; }
-
-  // y = x W^T + b, W of shape (out, in) as PyTorch stores it; b may be null.
-  void linear(const float* weight, const float* bias, index_t in, index_t out) {
-    if (shape_.back() != in)
-      fail("export_onnx: a Linear layer expects ", in, " input features, found a value of shape ", shape_text());
-    std::string b = bias ? initializer("bias", bias, {out}) : std::string();
-    std::string y = fresh("linear");
-    if (shape_.size() == 1) {
-      std::string w = initializer("weight", weight, {out, in});
-      auto inputs = b.empty() ? std::vector<std::string>{current_, w} : std::vector<std::string>{current_, w, b};
-      auto n = node("Gemm", inputs, y);
-      attr_int(n, "transB", 1);
-      nodes_.push_back(n);
-    } else {
-      // MatMul needs W^T (in, out) for inputs of rank > 2.
-      std::vector<float> wt(static_cast<std::size_t>(in * out));
-      for (index_t o = 0; o < out; ++o)
-        for (index_t i = 0; i < in; ++i) wt[static_cast<std::size_t>(i * out + o)] = weight[o * in + i];
-      std::string w_t = initializer("weight_t", wt.data(), {in, out});
-      std::string mm = b.empty() ? y : fresh("matmul");
-      nodes_.push_back(node("MatMul", {current_, w_t}, mm));
-      if (!b.empty()) nodes_.push_back(node("Add", {mm, b}, y));
-    }
-    shape_.back() = out;
-    current_ = y;
-  }
-
-  void activation_node(activation kind, double slope) {
-    switch (kind) {
-      case activation::identity: return;
-      case activation::relu: unary("Relu"); return;
-      case activation::sigmoid: unary("Sigmoid"); return;
-      case activation::tanh: unary("Tanh"); return;
-      case activation::leaky_relu: {
-        std::string y = fresh("leaky_relu");
-        auto n = node("LeakyRelu", {current_}, y);
-        attr_float(n, "alpha", static_cast<float>(slope));
-        nodes_.push_back(n);
-        current_ = y;
-        return;
-      }
-      case activation::gelu: {
-        if (options_.opset >= 20) {
-          unary("Gelu");
-          return;
-        }
-        float inv_sqrt2 = static_cast<float>(1.0 / std::sqrt(2.0)), one = 1.0f, half = 0.5f;
-        std::string c_inv = initializer("inv_sqrt2", &inv_sqrt2, {}), c_one = initializer("one", &one, {}),
-                    c_half = initializer("half", &half, {});
-        std::string x = current_, scaled = fresh("gelu_scaled"), erf = fresh("gelu_erf"), plus = fresh("gelu_plus"),
-                    xh = fresh("gelu_half_x"), y = fresh("gelu");
-        nodes_.push_back(node("Mul", {x, c_inv}, scaled));
-        nodes_.push_back(node("Erf", {scaled}, erf));
-        nodes_.push_back(node("Add", {erf, c_one}, plus));
-        nodes_.push_back(node("Mul", {x, c_half}, xh));
-        nodes_.push_back(node("Mul", {xh, plus}, y));
-        current_ = y;
-        return;
-      }
-    }
-  }
-
-  // dim counts the batch as 0; negative counts from the end.
-  void softmax(int dim, bool log) {
-    int rank = static_cast<int>(shape_.size()) + 1;
-    if (dim < -rank || dim >= rank) fail("export_onnx: softmax dim ", dim, " is out of range for rank ", rank);
-    std::string y = fresh(log ? "log_softmax" : "softmax");
-    auto n = node(log ? "LogSoftmax" : "Softmax", {current_}, y);
-    attr_int(n, "axis", dim);
-    nodes_.push_back(n);
-    current_ = y;
-  }
-
-  // Merges dimensions start..end (in batch-including numbering, as torch.flatten).
-  void flatten(int start = 1, int end = -1) {
-    int rank = static_cast<int>(shape_.size()) + 1;
-    int s = start < 0 ? start + rank : start, e = end < 0 ? end + rank : end;
-    if (s < 0 || e >= rank || s > e) fail("export_onnx: Flatten(", start, ", ", end, ") does not fit rank ", rank);
-    if (s == e) return;
-    std::vector<index_t> merged;
-    index_t run = 1;
-    for (int d = 1; d < rank; ++d) {
-      if (d < s || d > e) merged.push_back(shape_[static_cast<std::size_t>(d - 1)]);
-      else {
-        run *= shape_[static_cast<std::size_t>(d - 1)];
-        if (d == e) merged.push_back(run);
-      }
-    }
-    if (s == 0) fail("export_onnx: Flatten over the batch dimension is not exported");
-    std::string y = fresh("flatten");
-    if (s == 1 && e == rank - 1) {
-      auto n = node("Flatten", {current_}, y);
-      attr_int(n, "axis", 1);
-      nodes_.push_back(n);
-    } else {
-      std::vector<std::int64_t> target{0};  // 0: keep the batch extent
-      for (auto m : merged) target.push_back(m);
-      std::string shape_name = int64_initializer("shape", target);
-      nodes_.push_back(node("Reshape", {current_, shape_name}, y));
-    }
-    shape_ = merged;
-    current_ = y;
-  }
-
-  // The serialised ModelProto.
-  std::string finish() const {
-    protobuf::message graph;
-    for (const auto& n : nodes_) graph.nested(1, n);
-    graph.bytes(2, options_.graph_name);
-    for (const auto& t : initializers_) graph.nested(5, t);
-    // The output is the last value; an identity graph (no nodes) gets one Identity node.
-    std::string out_name = current_;
-    protobuf::message extra;
-    if (out_name != options_.output_name) {
-      graph.nested(1, node("Identity", {current_}, options_.output_name));
-      out_name = options_.output_name;
-    }
-    graph.nested(11, value_info(options_.input_name, input_shape_));
-    graph.nested(12, value_info(out_name, shape_));
-
-    protobuf::message model;
-    model.varint(1, options_.opset >= 20 ? 9 : 8);  // ir_version: 8 goes with opset 17, 9 with 20
-    model.bytes(2, "kiln");                          // producer_name
-    model.bytes(3, "0.1");                           // producer_version
-    model.nested(7, graph);
-    protobuf::message opset;
-    opset.bytes(1, "");
-    opset.varint(2, options_.opset);
-    model.nested(8, opset);
-    return model.str();
-  }
-
- private:
-  // Internal names skip the user's input and output names (even "linear_0"), so that every value is named once.
-  std::string fresh(const char* what) {
-    std::string name;
-    do name = std::string(what) + "_" + std::to_string(counter_++);
-    while (name == options_.input_name || name == options_.output_name);
-    return name;
-  }
-  // ONNX names each value once and needs non-empty names for the graph's input and output.
-  void check_names() const {
-    if (options_.input_name.empty() || options_.output_name.empty())
-      fail("export_onnx: expected non-empty input and output names, found input '", options_.input_name,
-           "' and output '", options_.output_name, "'");
-    if (options_.input_name == options_.output_name)
-      fail("export_onnx: expected different input and output names, found '", options_.input_name, "' for both");
-  }
-  std::string shape_text() const {
-    std::string s = "[N";
-    for (auto d : shape_) {
-      s += ", ";
-      s += std::to_string(d);
-    }
-    return s + "]";
-  }
-  static protobuf::message node(const char* op, const std::vector<std::string>& inputs, const std::string& output) {
-    protobuf::message n;
-    for (const auto& i : inputs) n.bytes(1, i);
-    n.bytes(2, output);
-    n.bytes(3, output);  // name the node after its output
-    n.bytes(4, op);
-    return n;
-  }
-  static void attr_int(protobuf::message& n, const char* name, std::int64_t v) {
-    protobuf::message a;
-    a.bytes(1, name);
-    a.varint(20, 2);  // AttributeType INT
-    a.varint(3, v);
-    n.nested(5, a);
-  }
-  static void attr_float(protobuf::message& n, const char* name, float v) {
-    protobuf::message a;
-    a.bytes(1, name);
-    a.varint(20, 1);  // AttributeType FLOAT
-    a.float32(2, v);
-    n.nested(5, a);
-  }
-  std::string initializer(const char* what, const float* data, const std::vector<index_t>& dims) {
-    std::string name = fresh(what);
-    protobuf::message t;
-    index_t n = 1;
-    for (auto d : dims) {
-      t.varint(1, d);
-      n *= d;
-    }
-    t.varint(2, 1);  // FLOAT
-    t.bytes(8, name);
-    t.bytes(9, std::string_view(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n) * sizeof(float)));
-    initializers_.push_back(t);
-    return name;
-  }
-  std::string int64_initializer(const char* what, const std::vector<std::int64_t>& values) {
-    std::string name = fresh(what);
-    protobuf::message t;
-    t.varint(1, static_cast<std::int64_t>(values.size()));
-    t.varint(2, 7);  // INT64
-    t.bytes(8, name);
-    t.bytes(9, std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(std::int64_t)));
-    initializers_.push_back(t);
-    return name;
-  }
-  static protobuf::message value_info(const std::string& name, const std::vector<index_t>& sample) {
-    protobuf::message shape;
-    protobuf::message batch;
-    batch.bytes(2, "N");  // dim_param
-    shape.nested(1, batch);
-    for (auto d : sample) {
-      protobuf::message dim;
-      dim.varint(1, d);  // dim_value
-      shape.nested(1, dim);
-    }
-    protobuf::message tensor;
-    tensor.varint(1, 1);  // elem_type FLOAT
-    tensor.nested(2, shape);
-    protobuf::message type;
-    type.nested(1, tensor);  // tensor_type
-    protobuf::message v;
-    v.bytes(1, name);
-    v.nested(2, type);
-    return v;
-  }
-  void unary(const char* op) {
-    std::string y = fresh(op);
-    nodes_.push_back(node(op, {current_}, y));
-    current_ = y;
-  }
-
-  onnx_options options_;
-  std::vector<index_t> shape_, input_shape_;
-  std::string current_;
-  std::vector<protobuf::message> nodes_, initializers_;
-  int counter_ = 0;
-};
-
 // --- static mode: one onnx_emit overload per layer type --------------------------------------------------------------
-// params: the layer's parameters, in PyTorch order (weight, then bias).
+// params: the layer's state_dict entries in PyTorch order (weight, bias, then buffers such as running_mean).
 template <index_t Out, class Act, bool Bias>
 void onnx_emit(onnx_builder& b, const Dense<Out, Act, Bias>&, const std::vector<const Tensor<float>*>& params) {
   const Tensor<float>& w = *params.at(0);

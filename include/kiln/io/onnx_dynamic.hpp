@@ -1,6 +1,8 @@
 // ONNX export of dynamic-mode models: an nn::Sequential (nested ones included) of Linear, the activations, Softmax,
-// LogSoftmax, Flatten and Identity. The input's per-sample shape must be given (options.input_shape), since a module
-// does not know it. See kiln/io/onnx.hpp for the operators written.
+// LogSoftmax, Flatten, Identity, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d,
+// BatchNorm2d, LayerNorm and Dropout. The input's per-sample shape must be given (options.input_shape), since a module
+// does not know it. The graph is the model's evaluation-mode computation (running statistics, no dropout) whether or
+// not the model is in training mode. See kiln/io/onnx.hpp for the operators written.
 //
 //   kiln::io::export_onnx(model, "mlp.onnx", {.input_shape = {28, 28}});
 #pragma once
@@ -14,18 +16,25 @@
 namespace kiln::io {
 
 namespace detail {
-inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::string& where) {
-  if (auto* seq = dynamic_cast<const nn::Sequential*>(&m)) {
-    for (std::size_t i = 0; i < seq->size(); ++i) {
-      std::string w = where;
-      w += "[";
-      w += std::to_string(i);
-      w += "]";
-      onnx_emit_module(b, (*seq)[i], w);
-    }
-  } else if (auto* lin = dynamic_cast<const nn::Linear*>(&m)) {
-    b.linear(lin->weight.value().data(), lin->bias.defined() ? lin->bias.value().data() : nullptr, lin->in_features(),
-             lin->out_features());
+// A parameter or buffer as host values (a copy where the policy keeps them in device memory), or null when undefined
+// (a layer without bias or affine parameters).
+class host_copy {
+ public:
+  explicit host_copy(const nn::Variable& v) : defined_(v.defined()) {
+    if (defined_) values_ = v.tensor();
+  }
+  const float* data() const { return defined_ ? values_.data() : nullptr; }
+
+ private:
+  bool defined_;
+  Tensor<float> values_;
+};
+
+// Writes one module that is not a Sequential; false when the exporter does not know it.
+inline bool onnx_emit_leaf(onnx_builder& b, const nn::Module& m) {
+  if (auto* lin = dynamic_cast<const nn::Linear*>(&m)) {
+    host_copy w(lin->weight), bias(lin->bias);
+    b.linear(w.data(), bias.data(), lin->in_features(), lin->out_features());
   } else if (dynamic_cast<const nn::ReLU*>(&m)) {
     b.activation_node(activation::relu, 0);
   } else if (auto* leaky = dynamic_cast<const nn::LeakyReLU*>(&m)) {
@@ -36,17 +45,60 @@ inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::st
     b.activation_node(activation::sigmoid, 0);
   } else if (dynamic_cast<const nn::Tanh*>(&m)) {
     b.activation_node(activation::tanh, 0);
-  } else if (dynamic_cast<const nn::Identity*>(&m)) {
+  } else if (dynamic_cast<const nn::Identity*>(&m) || dynamic_cast<const nn::Dropout*>(&m)) {
   } else if (auto* sm = dynamic_cast<const nn::Softmax*>(&m)) {
     b.softmax(sm->dim(), false);
   } else if (auto* lsm = dynamic_cast<const nn::LogSoftmax*>(&m)) {
     b.softmax(lsm->dim(), true);
   } else if (auto* flat = dynamic_cast<const nn::Flatten*>(&m)) {
     b.flatten(flat->start_dim(), flat->end_dim());
+  } else if (auto* conv = dynamic_cast<const nn::Conv2d*>(&m)) {
+    host_copy w(conv->weight), bias(conv->bias);
+    onnx_conv2d(b, w.data(), bias.data(), conv->in_channels(), conv->out_channels(), conv->kernel_size(),
+                conv->stride(), conv->padding().value, conv->padding().same, conv->dilation(), conv->groups());
+  } else if (auto* max = dynamic_cast<const nn::MaxPool2d*>(&m)) {
+    onnx_pool2d(b, true, max->kernel_size(), max->stride(), max->padding(), max->ceil_mode(), false);
+  } else if (auto* avg = dynamic_cast<const nn::AvgPool2d*>(&m)) {
+    onnx_pool2d(b, false, avg->kernel_size(), avg->stride(), avg->padding(), avg->ceil_mode(),
+                avg->count_include_pad());
+  } else if (dynamic_cast<const nn::AdaptiveAvgPool2d*>(&m)) {  // output size 1, the only one it takes
+    onnx_global_avg_pool2d(b, true);
+  } else if (dynamic_cast<const nn::GlobalAvgPool2d*>(&m)) {
+    onnx_global_avg_pool2d(b, false);
+  } else if (auto* bn = dynamic_cast<const nn::basic_batch_norm<float>*>(&m)) {
+    host_copy w(bn->weight), bias(bn->bias), mean(bn->running_mean), var(bn->running_var);
+    onnx_batch_norm(b, bn->is_2d(), bn->num_features(), w.data(), bias.data(), mean.data(), var.data(), bn->eps());
+  } else if (auto* ln = dynamic_cast<const nn::LayerNorm*>(&m)) {
+    host_copy w(ln->weight), bias(ln->bias);
+    onnx_layer_norm(b, ln->normalized_shape(), w.data(), bias.data(), ln->eps());
   } else {
-    fail("export_onnx: ", where, " ", m.describe(), " has no ONNX export (exported: Sequential, Linear, ReLU, "
-         "LeakyReLU, GELU, Sigmoid, Tanh, Identity, Softmax, LogSoftmax, Flatten)");
+    return false;
   }
+  return true;
+}
+
+inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::string& where) {
+  if (auto* seq = dynamic_cast<const nn::Sequential*>(&m)) {
+    for (std::size_t i = 0; i < seq->size(); ++i) {
+      std::string w = where;
+      w += "[";
+      w += std::to_string(i);
+      w += "]";
+      onnx_emit_module(b, (*seq)[i], w);
+    }
+    return;
+  }
+  bool known = false;
+  try {
+    known = onnx_emit_leaf(b, m);
+  } catch (const error& e) {
+    // The layer's check names what it expected and found; where is added here, as nn::Sequential's forward does.
+    fail(e.what(), " (at ", where, " ", m.describe(), ")");
+  }
+  if (!known)
+    fail("export_onnx: ", where, " ", m.describe(), " has no ONNX export (exported: Sequential, Linear, ReLU, "
+         "LeakyReLU, GELU, Sigmoid, Tanh, Identity, Softmax, LogSoftmax, Flatten, Conv2d, MaxPool2d, AvgPool2d, "
+         "AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d, BatchNorm2d, LayerNorm, Dropout)");
 }
 }  // namespace detail
 

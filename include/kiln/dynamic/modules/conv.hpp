@@ -86,6 +86,14 @@ class basic_conv2d : public basic_module<T> {
     b.write_back();
   }
 
+  index_t in_channels() const { return in_; }
+  index_t out_channels() const { return out_; }
+  index_t kernel_size() const { return kernel_; }
+  index_t stride() const { return stride_; }
+  const conv_padding& padding() const { return padding_; }
+  index_t dilation() const { return dilation_; }
+  index_t groups() const { return groups_; }
+
   variable weight;  // (out_channels, in_channels / groups, kernel_size, kernel_size)
   variable bias;    // (out_channels), or empty
 

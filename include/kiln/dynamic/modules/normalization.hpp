@@ -71,6 +71,9 @@ class basic_batch_norm : public basic_module<T> {
     return text;
   }
   using basic_module<T>::describe;
+  bool is_2d() const { return two_d_; }
+  index_t num_features() const { return features_; }
+  T eps() const { return eps_; }
 
   variable weight, bias;                                  // (num_features) each, or empty without affine
   variable running_mean, running_var, num_batches_tracked;  // buffers
@@ -137,6 +140,8 @@ class basic_layer_norm : public basic_module<T> {
     return s;
   }
   using basic_module<T>::describe;
+  const kiln::shape& normalized_shape() const { return shape_; }
+  T eps() const { return eps_; }
 
   variable weight, bias;
 

@@ -37,6 +37,10 @@ class basic_max_pool2d : public basic_module<T> {
   }
   std::string name() const override { return "MaxPool2d"; }
   std::string extra_repr() const override { return detail::pool_repr(kernel_, stride_, padding_, ceil_); }
+  index_t kernel_size() const { return kernel_; }
+  index_t stride() const { return stride_; }
+  index_t padding() const { return padding_; }
+  bool ceil_mode() const { return ceil_; }
 
  private:
   index_t kernel_, stride_, padding_;
@@ -59,6 +63,11 @@ class basic_avg_pool2d : public basic_module<T> {
   }
   std::string name() const override { return "AvgPool2d"; }
   std::string extra_repr() const override { return detail::pool_repr(kernel_, stride_, padding_, ceil_); }
+  index_t kernel_size() const { return kernel_; }
+  index_t stride() const { return stride_; }
+  index_t padding() const { return padding_; }
+  bool ceil_mode() const { return ceil_; }
+  bool count_include_pad() const { return include_pad_; }
 
  private:
   index_t kernel_, stride_, padding_;
