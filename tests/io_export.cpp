@@ -1,7 +1,8 @@
 // Writes kiln models for the Python interop checks (tests/onnx_check.py, tests/torch_check.py): for each model
 // <dir>/<name>.onnx or <name>.safetensors, with <name>.input.bin and <name>.output.bin (raw little-endian float32:
 // an input batch and kiln's outputs for it, in evaluation mode). Models with batch norm or layer norm are trained a
-// few steps first, so that their running statistics and affine parameters are not the initial ones.
+// few steps first, so that their running statistics and affine parameters are not the initial ones; recurrent models
+// keep their random initialisation or are trained likewise. A time-major model's input is (seq, batch, features).
 //   io_export onnx|safetensors <dir>
 #include <cstdint>
 #include <cstdio>
@@ -184,6 +185,93 @@ int main(int argc, char** argv) try {
     train_dynamic(dyn_norms, shape{8, 4, 6}, 3);
     dynamic_case(dir, "dynamic_norms_opset17", dyn_norms, shape{5, 4, 6}, {.input_shape = {4, 6}});
     dynamic_case(dir, "dynamic_norms_opset13", dyn_norms, shape{5, 4, 6}, {.opset = 13, .input_shape = {4, 6}});
+
+    // Recurrent models. examples/timeseries_lstm: a window of 12 months -> LSTM(32), one layer or two -> last step ->
+    // Dense(1).
+    using timeseries = Sequential<policy::cpu, Input<12, 1>, LastStep<LSTM<32>>, Dense<1>>;
+    timeseries ts(8, 11);
+    static_case(dir, "static_timeseries_lstm", ts, shape{5, 12, 1});
+    using timeseries2 = Sequential<policy::cpu, Input<12, 1>, LastStep<LSTM<32, 2>>, Dense<1>>;
+    timeseries2 ts2(8, 12);
+    static_case(dir, "static_timeseries_lstm2_opset13", ts2, shape{5, 12, 1}, {.opset = 13});
+    manual_seed(10);
+    auto dyn_ts = nn::Sequential(nn::LastStep(nn::LSTM(1, 32, {.batch_first = true})), nn::Linear(32, 1));
+    dynamic_case(dir, "dynamic_timeseries_lstm", dyn_ts, shape{5, 12, 1}, {.input_shape = {12, 1}});
+    manual_seed(11);
+    auto dyn_ts2 = nn::Sequential(nn::LastStep(nn::LSTM(1, 32, {.num_layers = 2, .batch_first = true})),
+                                  nn::Linear(32, 1));
+    dynamic_case(dir, "dynamic_timeseries_lstm2_opset13", dyn_ts2, shape{5, 12, 1},
+                 {.opset = 13, .input_shape = {12, 1}});
+
+    // examples/sequence_classify: MNIST rows as a sequence, a bidirectional LSTM(128)'s final state -> Dense(10).
+    using classify = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128, 1, true>>, Dense<10>>;
+    classify sc(8, 13);
+    train_static(sc, shape{8, 28, 28}, 10);
+    static_case(dir, "static_sequence_classify", sc, shape{3, 28, 28});
+    manual_seed(12);
+    auto dyn_sc = nn::Sequential(nn::FinalState(nn::LSTM(28, 128, {.batch_first = true, .bidirectional = true})),
+                                 nn::Linear(256, 10));
+    train_dynamic(dyn_sc, shape{8, 28, 28}, 10);
+    dynamic_case(dir, "dynamic_sequence_classify", dyn_sc, shape{3, 28, 28}, {.input_shape = {28, 28}});
+
+    // Stacked and bidirectional: two bidirectional LSTM layers without bias (dropout between them, off at inference)
+    // hand every step through a Tanh (dynamic mode: a Linear over each step first) to a two-layer bidirectional GRU's
+    // last step. Then GRUs of one layer and one direction, and each output view: every step (also as the model's
+    // output), the last step, the final state.
+    using stacked = Sequential<policy::cpu, Input<7, 5>, LSTM<6, 2, true, rnn_options{.bias = false, .dropout = 0.3f}>,
+                               Tanh, LastStep<GRU<5, 2, true>>, Dense<3>>;
+    stacked st(8, 14);
+    train_static(st, shape{8, 7, 5}, 3);
+    static_case(dir, "static_rnn_stacked", st, shape{4, 7, 5});
+    using grus = Sequential<policy::cpu, Input<6, 4>, GRU<5>, FinalState<GRU<3, 2, true>>, Dense<2>>;
+    grus g(8, 15);
+    static_case(dir, "static_gru_opset13", g, shape{4, 6, 4}, {.opset = 13});
+    using final_one = Sequential<policy::cpu, Input<6, 4>, FinalState<GRU<3>>, Dense<6>>;
+    final_one fo(8, 16);
+    static_case(dir, "static_gru_final_state_one_layer", fo, shape{4, 6, 4});
+    using all_steps = Sequential<policy::cpu, Input<5, 3>, AllSteps<GRU<4, 2, true>>, LSTM<2, 1, true>>;
+    all_steps as(8, 17);
+    static_case(dir, "static_rnn_all_steps_opset20", as, shape{4, 5, 3}, {.opset = 20});
+    manual_seed(13);
+    auto dyn_stacked = nn::Sequential(
+        nn::LSTM(5, 6, {.num_layers = 2, .bias = false, .batch_first = true, .dropout = 0.3f, .bidirectional = true}),
+        nn::Linear(12, 4), nn::Tanh(),
+        nn::LastStep(nn::GRU(4, 5, {.num_layers = 2, .batch_first = true, .bidirectional = true})),
+        nn::Linear(10, 3));
+    train_dynamic(dyn_stacked, shape{8, 7, 5}, 3);
+    dynamic_case(dir, "dynamic_rnn_stacked", dyn_stacked, shape{4, 7, 5}, {.input_shape = {7, 5}});
+    manual_seed(14);
+    auto dyn_grus = nn::Sequential(nn::AllSteps(nn::GRU(4, 5, {.batch_first = true})),
+                                   nn::FinalState(nn::GRU(5, 3, {.num_layers = 2, .batch_first = true,
+                                                                 .bidirectional = true})),
+                                   nn::Linear(6, 2));
+    dynamic_case(dir, "dynamic_gru_opset13", dyn_grus, shape{4, 6, 4}, {.opset = 13, .input_shape = {6, 4}});
+
+    // Time-major (no batch_first): the input is (seq, batch, features), the graph's [7, N, 5]. Every step stays
+    // time-major through a Linear, a LayerNorm and a second time-major recurrent layer, whose last step (batch, 3)
+    // has the batch first again; a GRU without bias into an LSTM's final state; and a model handing on the
+    // time-major sequence itself, the graph's output [6, N, 4].
+    manual_seed(15);
+    auto time_major = nn::Sequential(nn::LSTM(5, 4, {.num_layers = 2, .bidirectional = true}), nn::Linear(8, 6),
+                                     nn::ReLU(), nn::LayerNorm(6), nn::LastStep(nn::GRU(6, 3)), nn::Softmax(1));
+    dynamic_case(dir, "dynamic_rnn_time_major", time_major, shape{7, 4, 5}, {.input_shape = {7, -1, 5}});
+    manual_seed(16);
+    auto time_major_final = nn::Sequential(nn::GRU(3, 2, {.num_layers = 2, .bias = false, .bidirectional = true}),
+                                           nn::FinalState(nn::LSTM(4, 3, {.bidirectional = true})), nn::Linear(6, 4));
+    dynamic_case(dir, "dynamic_rnn_time_major_final_state_opset13", time_major_final, shape{6, 4, 3},
+                 {.opset = 13, .input_shape = {6, -1, 3}});
+    manual_seed(17);
+    auto time_major_out = nn::Sequential(nn::AllSteps(nn::LSTM(3, 2, {.bidirectional = true})), nn::Linear(4, 4),
+                                         nn::LogSoftmax(-1));
+    dynamic_case(dir, "dynamic_rnn_time_major_sequence_out", time_major_out, shape{6, 4, 3},
+                 {.input_shape = {6, -1, 3}});
+    // A time-major (seq, batch, 3, 4) input flattened after the batch into (seq, batch, 12) (a Reshape keeping the
+    // batch second).
+    manual_seed(18);
+    auto time_major_flatten = nn::Sequential(nn::Flatten(2, 3), nn::LastStep(nn::GRU(12, 3, {.num_layers = 2})),
+                                             nn::Linear(3, 2));
+    dynamic_case(dir, "dynamic_rnn_time_major_flatten", time_major_flatten, shape{5, 4, 3, 4},
+                 {.input_shape = {5, -1, 3, 4}});
   } else if (what == "safetensors") {
     using mlp = Sequential<policy::cpu, Input<3, 4>, Flatten, Dense<8, ReLU>, Dense<5>>;
     mlp net(8, 21);

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Checks kiln's ONNX export: runs `io_export onnx DIR`, then for every DIR/<name>.onnx runs onnx.checker.check_model
 and onnxruntime on DIR/<name>.input.bin and compares with kiln's DIR/<name>.output.bin (|a - e| <= 1e-5 (1 + |e|)).
+The graph's input and output each have one symbolic dimension "N", the batch: first, or second in a time-major
+sequence ([seq, N, features]).
 
     python3 tests/onnx_check.py <path to io_export> <dir>
 
@@ -35,14 +37,16 @@ def main():
         onnx.checker.check_model(model, full_check=True)
         assert model.producer_name == "kiln", model.producer_name
         dims = model.graph.input[0].type.tensor_type.shape.dim
-        assert dims[0].dim_param == "N", dims[0]
-        sample = [d.dim_value for d in dims[1:]]
-        x = np.fromfile(os.path.join(out_dir, name + ".input.bin"), dtype="<f4").reshape([-1] + sample)
+        assert [d.dim_param for d in dims if d.dim_param] == ["N"], dims
+        x_shape = [-1 if d.dim_param else d.dim_value for d in dims]
+        x = np.fromfile(os.path.join(out_dir, name + ".input.bin"), dtype="<f4").reshape(x_shape)
         expected = np.fromfile(os.path.join(out_dir, name + ".output.bin"), dtype="<f4")
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         (y,) = session.run(None, {session.get_inputs()[0].name: x})
         out_dims = model.graph.output[0].type.tensor_type.shape.dim
-        assert [d.dim_value for d in out_dims[1:]] == list(y.shape[1:]), (out_dims, y.shape)
+        assert [d.dim_param for d in out_dims if d.dim_param] == ["N"], out_dims
+        assert len(out_dims) == y.ndim and all(d.dim_param or d.dim_value == n for d, n in zip(out_dims, y.shape)), \
+            (out_dims, y.shape)
         y = y.reshape(-1)
         err = np.abs(y - expected) - 1e-5 * (1 + np.abs(expected))
         ok = y.shape == expected.shape and bool((err <= 0).all())

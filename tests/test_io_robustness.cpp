@@ -92,11 +92,25 @@ std::vector<std::string_view> pb_strings(std::string_view m, int number) {
     if (f.number == number) out.push_back(f.bytes);
   return out;
 }
-// The parts of an exported graph that ONNX's single-assignment rule is about.
+// The parts of an exported graph that ONNX's single-assignment rule is about, and the shapes of its input and output
+// ("N" for the batch).
 struct onnx_graph {
   std::vector<std::string> inputs, outputs, initializers, node_inputs, node_outputs;
   std::vector<std::string> initializer_data;
+  std::vector<std::string> input_dims, output_dims;
 };
+// A ValueInfoProto's dims: dim_value as a number, dim_param as its name.
+std::vector<std::string> value_dims(std::string_view value_info) {
+  std::vector<std::string> out;
+  auto type = pb_strings(value_info, 2).at(0);
+  auto tensor = pb_strings(type, 1).at(0);
+  for (auto dim : pb_strings(pb_strings(tensor, 2).at(0), 1))
+    for (const auto& f : pb_fields(dim)) {
+      if (f.number == 1) out.push_back(std::to_string(f.varint));
+      if (f.number == 2) out.emplace_back(f.bytes);
+    }
+  return out;
+}
 onnx_graph read_graph(const std::string& model) {
   onnx_graph g;
   auto graph = pb_strings(model, 7).at(0);
@@ -108,16 +122,24 @@ onnx_graph read_graph(const std::string& model) {
     g.initializers.emplace_back(pb_strings(t, 8).at(0));
     g.initializer_data.emplace_back(pb_strings(t, 9).at(0));
   }
-  for (auto v : pb_strings(graph, 11)) g.inputs.emplace_back(pb_strings(v, 1).at(0));
-  for (auto v : pb_strings(graph, 12)) g.outputs.emplace_back(pb_strings(v, 1).at(0));
+  for (auto v : pb_strings(graph, 11)) {
+    g.inputs.emplace_back(pb_strings(v, 1).at(0));
+    g.input_dims = value_dims(v);
+  }
+  for (auto v : pb_strings(graph, 12)) {
+    g.outputs.emplace_back(pb_strings(v, 1).at(0));
+    g.output_dims = value_dims(v);
+  }
   return g;
 }
-// Every value named once and non-empty, every node input defined, every initializer used, the output produced.
+// Every value named once and non-empty, every node input defined, every initializer used, the output produced. A
+// node output may be empty: an optional output left out (an LSTM's Y where only its final state is used).
 void check_well_formed(const onnx_graph& g) {
   std::set<std::string> defined;
   for (const auto* names : {&g.inputs, &g.initializers, &g.node_outputs})
     for (const auto& n : *names) {
       CAPTURE(n);
+      if (names == &g.node_outputs && n.empty()) continue;
       CHECK(!n.empty());
       CHECK(defined.insert(n).second);
     }
@@ -370,27 +392,41 @@ TEST_CASE("export_onnx: input and output names are checked, and never collide wi
   CHECK_THROWS_AS(io::onnx_model_bytes(model, {.input_name = "x", .output_name = "x", .input_shape = {3}}), error);
 }
 
-TEST_CASE("export_onnx: a leading -1 in input_shape is the batch; other negative extents are refused") {
+TEST_CASE("export_onnx: a -1 first in input_shape is the batch, second a time-major batch; others are refused") {
   manual_seed(4);
   auto model = nn::Sequential(nn::Linear(3, 4));
   CHECK(io::onnx_model_bytes(model, {.input_shape = {-1, 3}}) == io::onnx_model_bytes(model, {.input_shape = {3}}));
   CHECK(io::onnx_model_bytes(model, {.input_shape = {-1, 2, 3}}) ==
         io::onnx_model_bytes(model, {.input_shape = {2, 3}}));
-  for (std::vector<index_t> bad : {std::vector<index_t>{2, -1, 3}, {-1, -1, 3}, {-2, 3}, {-1}}) {
+  auto time_major = read_graph(io::onnx_model_bytes(model, {.input_shape = {2, -1, 3}}));
+  check_well_formed(time_major);
+  CHECK(time_major.input_dims == std::vector<std::string>{"2", "N", "3"});
+  CHECK(time_major.output_dims == std::vector<std::string>{"2", "N", "4"});
+  for (std::vector<index_t> bad : {std::vector<index_t>{2, 3, -1}, {-1, -1, 3}, {2, -1, -1}, {-2, 3}, {-1}}) {
     CAPTURE(bad.size());
-    CHECK_THROWS_AS(io::onnx_model_bytes(model, {.input_shape = bad}), error);
+    CHECK_THROWS_WITH_AS(io::onnx_model_bytes(model, {.input_shape = bad}),
+                         doctest::Contains("export_onnx: expected per-sample input extents >= 0"), error);
   }
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(model, {.input_shape = {3, -1}}),
+                       doctest::Contains("export_onnx: a -1 second in options.input_shape puts the batch second in a "
+                                         "(seq, batch, features...) input, which needs at least three entries, found "
+                                         "{3, -1}"),
+                       error);
 }
 
+namespace {
+// A dynamic model that export_onnx must refuse: what it is, its per-sample input, and what the message must say.
+struct bad_export_case {
+  const char* what;
+  nn::Sequential model;
+  std::vector<index_t> input;
+  const char* message;
+  const char* where;
+};
+}  // namespace
+
 TEST_CASE("export_onnx: CNN layers that do not fit their input raise kiln::error naming expected, found and where") {
-  struct bad_case {
-    const char* what;
-    nn::Sequential model;
-    std::vector<index_t> input;
-    const char* message;
-    const char* where;
-  };
-  const bad_case cases[] = {
+  const bad_export_case cases[] = {
       {"conv on a flat input", nn::Sequential(nn::Conv2d(1, 2, 3)), {784},
        "Conv2d expects input of shape [N, channels, height, width], found a value of shape [N, 784]",
        "(at Sequential[0] Conv2d(1, 2, kernel_size=(3, 3)"},
@@ -459,12 +495,128 @@ TEST_CASE("export_onnx: CNN layers that do not fit their input raise kiln::error
   }
 }
 
+TEST_CASE("export_onnx: recurrent layers that do not fit their input raise kiln::error naming expected, found, where") {
+  const bad_export_case cases[] = {
+      {"LSTM on a flat input", nn::Sequential(nn::LSTM(4, 5, {.batch_first = true})), {20},
+       "LSTM (batch_first) expects input of shape [N, seq, 4], found a value of shape [N, 20]",
+       "(at Sequential[0] LSTM(4, 5, batch_first=True)"},
+      {"LSTM input size", nn::Sequential(nn::LastStep(nn::LSTM(4, 5, {.batch_first = true}))), {6, 3},
+       "LSTM (batch_first) expects input of shape [N, seq, 4], found a value of shape [N, 6, 3]",
+       "(at Sequential[0] LastStep[LSTM](4, 5, batch_first=True)"},
+      {"LSTM on an image", nn::Sequential(nn::FinalState(nn::LSTM(4, 5, {.batch_first = true}))), {1, 6, 4},
+       "LSTM (batch_first) expects input of shape [N, seq, 4], found a value of shape [N, 1, 6, 4]",
+       "Sequential[0] FinalState[LSTM]"},
+      {"no time steps", nn::Sequential(nn::AllSteps(nn::GRU(4, 5, {.batch_first = true}))), {0, 4},
+       "GRU expects at least one time step, found a value of shape [N, 0, 4]", "Sequential[0] AllSteps[GRU](4, 5"},
+      {"time-major GRU on a batch-first input", nn::Sequential(nn::GRU(4, 5)), {6, 4},
+       "GRU without batch_first expects input of shape [seq, N, 4] (the batch second: options.input_shape {seq, -1, "
+       "4} as the graph's input), found a value of shape [N, 6, 4]",
+       "(at Sequential[0] GRU(4, 5)"},
+      {"batch-first GRU on a time-major input", nn::Sequential(nn::FinalState(nn::GRU(4, 5, {.batch_first = true}))),
+       {6, -1, 4}, "GRU (batch_first) expects input of shape [N, seq, 4], found a value of shape [6, N, 4]",
+       "Sequential[0] FinalState[GRU]"},
+      {"time-major LSTM after a batch-first one",
+       nn::Sequential(nn::LSTM(4, 5, {.batch_first = true}), nn::LSTM(5, 3, {.num_layers = 2})), {6, 4},
+       "LSTM without batch_first expects input of shape [seq, N, 5]", "(at Sequential[1] LSTM(5, 3, num_layers=2)"},
+      {"stacked input size", nn::Sequential(nn::LSTM(4, 5, {.bidirectional = true}), nn::GRU(5, 3)), {6, -1, 4},
+       "GRU without batch_first expects input of shape [seq, N, 5] (the batch second: options.input_shape {seq, -1, "
+       "5} as the graph's input), found a value of shape [6, N, 10]",
+       "Sequential[1] GRU(5, 3)"},
+      {"batch norm on a time-major sequence", nn::Sequential(nn::GRU(4, 5), nn::BatchNorm1d(5)), {6, -1, 4},
+       "BatchNorm1d expects input of shape [N, 5] or [N, 5, length], found a value of shape [6, N, 5]",
+       "(at Sequential[1] BatchNorm1d(5"},
+      {"pooling a time-major sequence", nn::Sequential(nn::GRU(4, 5), nn::MaxPool2d(2)), {6, -1, 4},
+       "MaxPool2d expects input of shape [N, channels, height, width], found a value of shape [6, N, 5]",
+       "Sequential[1] MaxPool2d"},
+      {"flatten over a time-major batch", nn::Sequential(nn::LSTM(4, 5), nn::Flatten()), {6, -1, 4},
+       "Flatten(1, -1) would merge the batch dimension of a value of shape [6, N, 5], which is not exported",
+       "(at Sequential[1] Flatten("},
+      {"layer norm reaching a time-major batch", nn::Sequential(nn::GRU(4, 5), nn::LayerNorm(shape{6, 5})),
+       {6, -1, 4},
+       "LayerNorm over [6, 5] expects input whose last dims are [6, 5], found a value of shape [6, N, 5]",
+       "Sequential[1] LayerNorm"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    std::string message = "export_onnx: ";
+    message += c.message;
+    for (int opset : {13, 20}) {
+      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
+                           doctest::Contains(message.c_str()), error);
+      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
+                           doctest::Contains(c.where), error);
+    }
+  }
+}
+
+TEST_CASE("export_onnx: recurrent graphs are the same in both modes, well formed, and time-major where kiln is") {
+  // The same weights in both modes: the same bytes, for each output view, with stacking, both directions and no bias.
+  auto same_bytes = [](auto net, nn::Sequential model, std::vector<index_t> input) {
+    model.load_state_dict(net.state_dict());
+    for (int opset : {13, 17}) {
+      CAPTURE(opset);
+      const std::string bytes = io::onnx_model_bytes(net, {.opset = opset});
+      CHECK(bytes == io::onnx_model_bytes(model, {.opset = opset, .input_shape = input}));
+      const auto g = read_graph(bytes);
+      check_well_formed(g);
+      CHECK(g.input_dims.at(0) == "N");
+      CHECK(g.output_dims.at(0) == "N");
+    }
+  };
+  same_bytes(Sequential<policy::cpu, Input<5, 3>, LastStep<LSTM<4, 2, true>>, Dense<2>>(2, 1),
+             nn::Sequential(nn::LastStep(nn::LSTM(3, 4, {.num_layers = 2, .batch_first = true, .bidirectional = true})),
+                            nn::Linear(8, 2)),
+             {5, 3});
+  same_bytes(Sequential<policy::cpu, Input<5, 3>, FinalState<GRU<4, 2, true, rnn_options{.bias = false}>>>(2, 2),
+             nn::Sequential(nn::FinalState(
+                 nn::GRU(3, 4, {.num_layers = 2, .bias = false, .batch_first = true, .bidirectional = true}))),
+             {5, 3});
+  same_bytes(Sequential<policy::cpu, Input<5, 3>, GRU<4>, Tanh, FinalState<LSTM<2>>>(2, 3),
+             nn::Sequential(nn::GRU(3, 4, {.batch_first = true}), nn::Tanh(),
+                            nn::FinalState(nn::LSTM(4, 2, {.batch_first = true}))),
+             {5, 3});
+
+  // Time-major: the batch stays second through every step's output and comes first in a last step or final state.
+  manual_seed(6);
+  nn::Sequential sequence(nn::LSTM(3, 4, {.bidirectional = true}), nn::Linear(8, 2));
+  auto g = read_graph(io::onnx_model_bytes(sequence, {.input_shape = {5, -1, 3}}));
+  check_well_formed(g);
+  CHECK(g.input_dims == std::vector<std::string>{"5", "N", "3"});
+  CHECK(g.output_dims == std::vector<std::string>{"5", "N", "2"});
+  nn::Sequential last(nn::AllSteps(nn::GRU(3, 4)), nn::LastStep(nn::LSTM(4, 2, {.num_layers = 2})));
+  g = read_graph(io::onnx_model_bytes(last, {.input_shape = {5, -1, 3}}));
+  check_well_formed(g);
+  CHECK(g.output_dims == std::vector<std::string>{"N", "2"});
+  nn::Sequential batch_first(nn::AllSteps(nn::GRU(3, 4, {.batch_first = true, .bidirectional = true})));
+  g = read_graph(io::onnx_model_bytes(batch_first, {.input_shape = {5, 3}}));
+  CHECK(g.input_dims == std::vector<std::string>{"N", "5", "3"});
+  CHECK(g.output_dims == std::vector<std::string>{"N", "5", "8"});
+
+  // Names the exporter generates (the recurrent weights, the Transposes) as the user's: its own go around them.
+  using net_type = Sequential<policy::cpu, Input<5, 3>, LSTM<4, 2, true>, FinalState<GRU<2, 1, true>>, Dense<2>>;
+  net_type net(2, 4);
+  const auto plain = read_graph(io::onnx_model_bytes(net));
+  const io::onnx_options named[] = {
+      {.input_name = plain.node_outputs.at(0), .output_name = plain.initializers.at(1)},
+      {.input_name = plain.initializers.at(0), .output_name = plain.node_outputs.at(1)}};
+  for (const auto& options : named) {
+    CAPTURE(options.input_name);
+    auto s = read_graph(io::onnx_model_bytes(net, options));
+    check_well_formed(s);
+    CHECK(s.inputs.at(0) == options.input_name);
+    CHECK(s.outputs.at(0) == options.output_name);
+  }
+}
+
 TEST_CASE("export_onnx: a module without an export is named with where it sits; a failed export keeps the old file") {
+  struct unknown : nn::Module {
+    nn::Variable forward(const nn::Variable& x) override { return x; }
+    std::string name() const override { return "Unknown"; }
+  };
   manual_seed(5);
-  nn::Sequential model(nn::Linear(3, 3),
-                       nn::Sequential(nn::ReLU(), nn::LastStep(nn::GRU(3, 4, {.batch_first = true}))));
+  nn::Sequential model(nn::Linear(3, 3), nn::Sequential(nn::ReLU(), unknown()));
   CHECK_THROWS_WITH_AS(io::onnx_model_bytes(model, {.input_shape = {2, 3}}),
-                       doctest::Contains("export_onnx: Sequential[1][1] LastStep[GRU"), error);
+                       doctest::Contains("export_onnx: Sequential[1][1] Unknown() has no ONNX export"), error);
   CHECK_THROWS_WITH_AS(io::onnx_model_bytes(model, {.input_shape = {2, 3}}),
                        doctest::Contains("has no ONNX export (exported: Sequential, Linear,"), error);
   auto path = temp_dir("onnx_failed") / "model.onnx";

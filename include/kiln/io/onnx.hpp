@@ -1,8 +1,9 @@
 // ONNX export of Sequential models in both modes: kiln::io::export_onnx(net, "model.onnx") for a static
 // kiln::Sequential, and export_onnx(model, "model.onnx", {.input_shape = {28, 28}}) for a dynamic nn::Sequential
 // (whose input shape is not part of its type). The file is a ModelProto (ir_version, opset_import, producer "kiln")
-// whose graph has one input "input" of shape [N, ...] with a symbolic batch dimension "N", one output "output",
-// the weights as float initializers (raw_data), and one node per operation:
+// whose graph has one input "input" of shape [N, ...] with a symbolic batch dimension "N" ([seq, N, ...] for a
+// time-major dynamic model, see onnx_options::input_shape), one output "output", the weights as float initializers
+// (raw_data), and one node per operation:
 //   Dense / Linear          Gemm (transB = 1) on 2-d inputs, MatMul + Add on higher ranks
 //   ReLU, Sigmoid, Tanh     Relu, Sigmoid, Tanh;  LeakyReLU: LeakyRelu (alpha)
 //   GELU                    Gelu (opset >= 20), else its erf form 0.5 * x * (1 + Erf(x / sqrt 2))
@@ -15,6 +16,10 @@
 //   BatchNorm1d, 2d         BatchNormalization in inference form: running mean and variance, epsilon
 //   LayerNorm               LayerNormalization (opset >= 17), else ReduceMean, Sub, Mul, Add, Sqrt, Div
 //   Dropout                 nothing (the identity at inference)
+//   LSTM, GRU               LSTM / GRU, one node per stacked layer: ONNX's gate order, "bidirectional" direction,
+//                           GRU linear_before_reset = 1; Transposes around the time-major nodes for batch first.
+//                           AllSteps: Y; LastStep: Gather of step -1; FinalState: Y_h; directions joined along the
+//                           features by Transpose + Reshape (Squeeze for one direction); see onnx_recurrent.hpp
 // The graph is the model's evaluation-mode computation, whatever mode the model is in. A fused activation of a
 // static Dense becomes its own node after the Gemm, as does the activation layer a static Conv2D fuses. A layer the
 // exporter does not know is a compile error (static) or a kiln::error naming it (dynamic); a new layer joins by
@@ -32,6 +37,7 @@
 #include "kiln/io/atomic_file.hpp"
 #include "kiln/io/onnx_builder.hpp"
 #include "kiln/io/onnx_cnn.hpp"
+#include "kiln/io/onnx_recurrent.hpp"
 #include "kiln/layers/activation.hpp"
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/flatten.hpp"

@@ -1,7 +1,8 @@
 // The ONNX graph builder behind kiln::io::export_onnx (kiln/io/onnx.hpp): export options, and onnx_builder, which
-// writes one operation at a time while tracking the current value's name and per-sample shape. The layers' emitters
-// (onnx.hpp for Dense, the activations, Softmax and Flatten; onnx_cnn.hpp for the convolutional-network layers) call
-// its operations and, for their own nodes, its public building blocks.
+// writes one operation at a time while tracking the current value's name, per-sample shape and batch axis. The layers'
+// emitters (onnx.hpp for Dense, the activations, Softmax and Flatten; onnx_cnn.hpp for the convolutional-network
+// layers; onnx_recurrent.hpp for LSTM and GRU) call its operations and, for their own nodes, its public building
+// blocks.
 #pragma once
 
 #include <cmath>
@@ -26,25 +27,36 @@ struct onnx_options {
   std::string input_name = "input";
   std::string output_name = "output";
   // Dynamic mode only: the per-sample input shape (without the batch), e.g. {28, 28}. A leading -1 stands for the
-  // batch dimension, as in a reshape, and is dropped ({-1, 28, 28} is {28, 28}); no other extent may be negative.
+  // batch dimension, as in a reshape, and is dropped ({-1, 28, 28} is {28, 28}). A -1 second puts the batch second,
+  // for time-major sequences (an nn::LSTM / nn::GRU without batch_first reads (seq, batch, features)):
+  // {12, -1, 4} is a graph input of shape [12, N, 4]; it needs at least three entries. No other extent may be negative.
   std::vector<index_t> input_shape{};
 };
 
-// Builds an ONNX graph one operation at a time, tracking the current value's name and per-sample shape.
+// Builds an ONNX graph one operation at a time, tracking the current value's name and per-sample shape. The batch is
+// the value's first dimension, or its second (batch_axis 1) in a time-major sequence, whose per-sample shape then
+// holds at least two extents, so that the batch is never last.
 class onnx_builder {
  public:
-  onnx_builder(onnx_options options, std::vector<index_t> sample_shape)
-      : options_(std::move(options)), shape_(std::move(sample_shape)), current_(options_.input_name) {
+  onnx_builder(onnx_options options, std::vector<index_t> sample_shape, int batch_axis = 0)
+      : options_(std::move(options)), shape_(std::move(sample_shape)), current_(options_.input_name),
+        batch_axis_(batch_axis) {
     if (options_.opset < 13 || options_.opset > 20)
       fail("export_onnx: expected an opset between 13 and 20, found ", options_.opset);
     if (shape_.empty()) fail("export_onnx: the input needs a per-sample shape (e.g. {784})");
+    if (batch_axis_ < 0 || batch_axis_ > 1 || (batch_axis_ == 1 && shape_.size() < 2))
+      fail("export_onnx: expected the batch at dim 0, or at dim 1 of an input of rank 3 or more, found it at dim ",
+           batch_axis_, " of an input of rank ", shape_.size() + 1);
     for (auto d : shape_)
       if (d < 0) fail("export_onnx: expected per-sample input extents >= 0, found ", shape_text());
     check_names();
     input_shape_ = shape_;
+    input_batch_axis_ = batch_axis_;
   }
 
   const std::vector<index_t>& sample_shape() const { return shape_; }
+  // Where the batch sits in the current value: 0, or 1 in a time-major sequence.
+  int batch_axis() const { return batch_axis_; }
   int opset() const { return options_.opset; }
 
   // y = x W^T + b, W of shape (out, in) as PyTorch stores it; b may be null.
@@ -108,7 +120,7 @@ class onnx_builder {
     }
   }
 
-  // dim counts the batch as 0; negative counts from the end.
+  // dim counts the value's dimensions, the batch's included (PyTorch's numbering); negative counts from the end.
   void softmax(int dim, bool log) {
     int rank = static_cast<int>(shape_.size()) + 1;
     if (dim < -rank || dim >= rank) fail("export_onnx: softmax dim ", dim, " is out of range for rank ", rank);
@@ -125,24 +137,29 @@ class onnx_builder {
     int s = start < 0 ? start + rank : start, e = end < 0 ? end + rank : end;
     if (s < 0 || e >= rank || s > e) fail("export_onnx: Flatten(", start, ", ", end, ") does not fit rank ", rank);
     if (s == e) return;
+    if (s <= batch_axis_ && batch_axis_ <= e)
+      fail("export_onnx: Flatten(", start, ", ", end, ") would merge the batch dimension of a value of shape ",
+           shape_text(), ", which is not exported");
+    // The merged per-sample shape; the batch (before s) keeps its place.
     std::vector<index_t> merged;
     index_t run = 1;
-    for (int d = 1; d < rank; ++d) {
-      if (d < s || d > e) merged.push_back(shape_[static_cast<std::size_t>(d - 1)]);
+    for (int d = 0; d < rank; ++d) {
+      if (d == batch_axis_) continue;
+      const index_t extent = shape_[static_cast<std::size_t>(d < batch_axis_ ? d : d - 1)];
+      if (d < s || d > e) merged.push_back(extent);
       else {
-        run *= shape_[static_cast<std::size_t>(d - 1)];
+        run *= extent;
         if (d == e) merged.push_back(run);
       }
     }
-    if (s == 0) fail("export_onnx: Flatten over the batch dimension is not exported");
     std::string y = fresh("flatten");
-    if (s == 1 && e == rank - 1) {
+    if (batch_axis_ == 0 && s == 1 && e == rank - 1) {
       auto n = node("Flatten", {current_}, y);
       attr_int(n, "axis", 1);
       nodes_.push_back(n);
     } else {
-      std::vector<std::int64_t> target{0};  // 0: keep the batch extent
-      for (auto m : merged) target.push_back(m);
+      std::vector<std::int64_t> target(merged.begin(), merged.end());
+      target.insert(target.begin() + batch_axis_, 0);  // 0: keep the input's extent there, the batch
       std::string shape_name = int64_initializer("shape", target);
       nodes_.push_back(node("Reshape", {current_, shape_name}, y));
     }
@@ -163,8 +180,8 @@ class onnx_builder {
       graph.nested(1, node("Identity", {current_}, options_.output_name));
       out_name = options_.output_name;
     }
-    graph.nested(11, value_info(options_.input_name, input_shape_));
-    graph.nested(12, value_info(out_name, shape_));
+    graph.nested(11, value_info(options_.input_name, input_shape_, input_batch_axis_));
+    graph.nested(12, value_info(out_name, shape_, batch_axis_));
 
     protobuf::message model;
     model.varint(1, options_.opset >= 20 ? 9 : 8);  // ir_version: 8 goes with opset 17, 9 with 20
@@ -178,15 +195,20 @@ class onnx_builder {
     return model.str();
   }
 
-  // --- the graph's building blocks, for the emitters beside this file (kiln/io/onnx_cnn.hpp) --------------------
+  // --- the graph's building blocks, for the emitters beside this file (onnx_cnn.hpp, onnx_recurrent.hpp) -------
   // The value the next operation reads.
   const std::string& current() const { return current_; }
   // Appends a node made by node() (attributes added); set_current() makes its output the current value.
   void add_node(protobuf::message n) { nodes_.push_back(std::move(n)); }
-  // value, of per-sample shape sample, becomes what the next operation reads.
+  // value, of per-sample shape sample, becomes what the next operation reads; the batch stays where it was.
   void set_current(std::string value, std::vector<index_t> sample) {
     current_ = std::move(value);
     shape_ = std::move(sample);
+  }
+  // The same with the batch at batch_axis (0, or 1 with at least two per-sample extents).
+  void set_current(std::string value, std::vector<index_t> sample, int batch_axis) {
+    set_current(std::move(value), std::move(sample));
+    batch_axis_ = batch_axis;
   }
   // Internal names skip the user's input and output names (even "linear_0"), so that every value is named once.
   std::string fresh(const char* what) {
@@ -195,20 +217,30 @@ class onnx_builder {
     while (name == options_.input_name || name == options_.output_name);
     return name;
   }
-  // The current value's shape as messages show it: [N, 3, 28, 28].
+  // The current value's shape as messages show it: [N, 3, 28, 28], or [12, N, 4] with the batch second.
   std::string shape_text() const {
-    std::string s = "[N";
-    for (auto d : shape_) {
-      s += ", ";
-      s += std::to_string(d);
+    std::string s = "[";
+    for (std::size_t d = 0; d <= shape_.size(); ++d) {
+      if (d > 0) s += ", ";
+      const auto at = static_cast<std::size_t>(batch_axis_);
+      s += d == at ? std::string("N") : std::to_string(shape_[d < at ? d : d - 1]);
     }
     return s + "]";
   }
   static protobuf::message node(const char* op, const std::vector<std::string>& inputs, const std::string& output) {
+    return node(op, inputs, std::vector<std::string>{output});
+  }
+  // A node with several outputs, named after its first named one; an empty name leaves an optional output out.
+  static protobuf::message node(const char* op, const std::vector<std::string>& inputs,
+                                const std::vector<std::string>& outputs) {
     protobuf::message n;
     for (const auto& i : inputs) n.bytes(1, i);
-    n.bytes(2, output);
-    n.bytes(3, output);  // name the node after its output
+    for (const auto& o : outputs) n.bytes(2, o);
+    for (const auto& o : outputs)
+      if (!o.empty()) {
+        n.bytes(3, o);
+        break;
+      }
     n.bytes(4, op);
     return n;
   }
@@ -224,6 +256,13 @@ class onnx_builder {
     a.bytes(1, name);
     a.varint(20, 1);  // AttributeType FLOAT
     a.float32(2, v);
+    n.nested(5, a);
+  }
+  static void attr_string(protobuf::message& n, const char* name, const std::string& v) {
+    protobuf::message a;
+    a.bytes(1, name);
+    a.varint(20, 3);  // AttributeType STRING
+    a.bytes(4, v);
     n.nested(5, a);
   }
   static void attr_ints(protobuf::message& n, const char* name, const std::vector<index_t>& values) {
@@ -248,10 +287,11 @@ class onnx_builder {
     initializers_.push_back(t);
     return name;
   }
-  std::string int64_initializer(const char* what, const std::vector<std::int64_t>& values) {
+  // An int64 vector (a shape, axes, pads), or a scalar (a 0-d tensor, e.g. Gather's index) when scalar is set.
+  std::string int64_initializer(const char* what, const std::vector<std::int64_t>& values, bool scalar = false) {
     std::string name = fresh(what);
     protobuf::message t;
-    t.varint(1, static_cast<std::int64_t>(values.size()));
+    if (!scalar) t.varint(1, static_cast<std::int64_t>(values.size()));
     t.varint(2, 7);  // INT64
     t.bytes(8, name);
     t.bytes(9, std::string_view(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(std::int64_t)));
@@ -268,14 +308,13 @@ class onnx_builder {
     if (options_.input_name == options_.output_name)
       fail("export_onnx: expected different input and output names, found '", options_.input_name, "' for both");
   }
-  static protobuf::message value_info(const std::string& name, const std::vector<index_t>& sample) {
+  static protobuf::message value_info(const std::string& name, const std::vector<index_t>& sample, int batch_axis) {
     protobuf::message shape;
-    protobuf::message batch;
-    batch.bytes(2, "N");  // dim_param
-    shape.nested(1, batch);
-    for (auto d : sample) {
+    for (std::size_t d = 0; d <= sample.size(); ++d) {
       protobuf::message dim;
-      dim.varint(1, d);  // dim_value
+      const auto at = static_cast<std::size_t>(batch_axis);
+      if (d == at) dim.bytes(2, "N");  // dim_param
+      else dim.varint(1, sample[d < at ? d : d - 1]);  // dim_value
       shape.nested(1, dim);
     }
     protobuf::message tensor;
@@ -297,6 +336,7 @@ class onnx_builder {
   onnx_options options_;
   std::vector<index_t> shape_, input_shape_;
   std::string current_;
+  int batch_axis_ = 0, input_batch_axis_ = 0;
   std::vector<protobuf::message> nodes_, initializers_;
   int counter_ = 0;
 };

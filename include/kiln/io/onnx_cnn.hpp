@@ -26,7 +26,7 @@ namespace kiln::io {
 
 namespace detail {
 inline void check_image(const onnx_builder& b, const char* layer) {
-  if (b.sample_shape().size() != 3)
+  if (b.sample_shape().size() != 3 || b.batch_axis() != 0)
     fail("export_onnx: ", layer, " expects input of shape [N, channels, height, width], found a value of shape ",
          b.shape_text());
 }
@@ -132,7 +132,8 @@ inline void onnx_global_avg_pool2d(onnx_builder& b, bool keep_dims) {
 inline void onnx_batch_norm(onnx_builder& b, bool two_d, index_t features, const float* weight, const float* bias,
                             const float* running_mean, const float* running_var, double eps) {
   const std::vector<index_t> s = b.sample_shape();
-  const bool fits = (two_d ? s.size() == 3 : s.size() == 1 || s.size() == 2) && s[0] == features;
+  const bool fits =
+      (two_d ? s.size() == 3 : s.size() == 1 || s.size() == 2) && s[0] == features && b.batch_axis() == 0;
   if (!fits) {
     std::string expected = "[N, " + std::to_string(features) + (two_d ? ", height, width]" : "] or [N, ");
     if (!two_d) expected += std::to_string(features) + ", length]";
@@ -158,8 +159,11 @@ inline void onnx_batch_norm(onnx_builder& b, bool two_d, index_t features, const
 inline void onnx_layer_norm(onnx_builder& b, const kiln::shape& normalized, const float* weight, const float* bias,
                             double eps) {
   const std::vector<index_t> s = b.sample_shape();
+  // The normalised dims are the value's last ones, which must not reach back to the batch (second in a time-major
+  // sequence).
   const auto k = static_cast<std::size_t>(normalized.rank());
-  if (k == 0 || k > s.size() || !std::equal(normalized.begin(), normalized.end(), s.end() - normalized.rank()))
+  if (k == 0 || k + static_cast<std::size_t>(b.batch_axis()) > s.size() ||
+      !std::equal(normalized.begin(), normalized.end(), s.end() - normalized.rank()))
     fail("export_onnx: LayerNorm over ", normalized, " expects input whose last dims are ", normalized,
          ", found a value of shape ", b.shape_text());
   const std::vector<index_t> dims(normalized.begin(), normalized.end());

@@ -1,10 +1,13 @@
 // ONNX export of dynamic-mode models: an nn::Sequential (nested ones included) of Linear, the activations, Softmax,
 // LogSoftmax, Flatten, Identity, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d,
-// BatchNorm2d, LayerNorm and Dropout. The input's per-sample shape must be given (options.input_shape), since a module
-// does not know it. The graph is the model's evaluation-mode computation (running statistics, no dropout) whether or
-// not the model is in training mode. See kiln/io/onnx.hpp for the operators written.
+// BatchNorm2d, LayerNorm, Dropout, and LSTM and GRU (plain, handing on every step, or as nn::AllSteps, nn::LastStep,
+// nn::FinalState). The input's per-sample shape must be given (options.input_shape), since a module does not know it;
+// a time-major model (a recurrent module without batch_first reading the input) puts -1 second, for the batch. The
+// graph is the model's evaluation-mode computation (running statistics, no dropout) whether or not the model is in
+// training mode. See kiln/io/onnx.hpp for the operators written.
 //
 //   kiln::io::export_onnx(model, "mlp.onnx", {.input_shape = {28, 28}});
+//   kiln::io::export_onnx(lstm_model, "lstm.onnx", {.input_shape = {12, -1, 1}});  // (seq, batch, features) input
 #pragma once
 
 #include <filesystem>
@@ -29,6 +32,18 @@ class host_copy {
   bool defined_;
   Tensor<float> values_;
 };
+
+// A float LSTM or GRU module with the view of its results that its forward hands on: an adaptor's (nn::LastStep,
+// nn::FinalState, nn::AllSteps), or every step for a plain nn::LSTM / nn::GRU.
+template <class Cell, class Module>
+void onnx_recurrent_module(onnx_builder& b, const nn::basic_recurrent<Cell, float>& r) {
+  rnn_output output = rnn_output::sequence;
+  if (dynamic_cast<const nn::basic_rnn_adaptor<Module, nn::rnn_part::last_step>*>(&r)) output = rnn_output::last_step;
+  else if (dynamic_cast<const nn::basic_rnn_adaptor<Module, nn::rnn_part::final_state>*>(&r))
+    output = rnn_output::final_state;
+  host_copy params(r.flat_parameters());
+  onnx_recurrent<Cell>(b, r.dims(), params.data(), output);
+}
 
 // Writes one module that is not a Sequential; false when the exporter does not know it.
 inline bool onnx_emit_leaf(onnx_builder& b, const nn::Module& m) {
@@ -71,6 +86,10 @@ inline bool onnx_emit_leaf(onnx_builder& b, const nn::Module& m) {
   } else if (auto* ln = dynamic_cast<const nn::LayerNorm*>(&m)) {
     host_copy w(ln->weight), bias(ln->bias);
     onnx_layer_norm(b, ln->normalized_shape(), w.data(), bias.data(), ln->eps());
+  } else if (auto* lstm = dynamic_cast<const nn::basic_recurrent<lstm_cell, float>*>(&m)) {
+    onnx_recurrent_module<lstm_cell, nn::LSTM>(b, *lstm);
+  } else if (auto* gru = dynamic_cast<const nn::basic_recurrent<gru_cell, float>*>(&m)) {
+    onnx_recurrent_module<gru_cell, nn::GRU>(b, *gru);
   } else {
     return false;
   }
@@ -98,7 +117,8 @@ inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::st
   if (!known)
     fail("export_onnx: ", where, " ", m.describe(), " has no ONNX export (exported: Sequential, Linear, ReLU, "
          "LeakyReLU, GELU, Sigmoid, Tanh, Identity, Softmax, LogSoftmax, Flatten, Conv2d, MaxPool2d, AvgPool2d, "
-         "AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d, BatchNorm2d, LayerNorm, Dropout)");
+         "AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d, BatchNorm2d, LayerNorm, Dropout, LSTM, GRU, AllSteps, "
+         "LastStep, FinalState)");
 }
 }  // namespace detail
 
@@ -106,9 +126,19 @@ inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::st
 inline std::string onnx_model_bytes(const nn::Module& model, onnx_options options) {
   if (options.input_shape.empty())
     fail("export_onnx: a dynamic model needs options.input_shape, the per-sample input shape (e.g. {28, 28})");
+  // The batch, as onnx_options says: a leading -1, or a -1 second for a time-major input.
   std::vector<index_t> sample = options.input_shape;
-  if (sample.size() > 1 && sample.front() == -1) sample.erase(sample.begin());  // the batch, as onnx_options says
-  onnx_builder b(std::move(options), sample);
+  int batch_axis = 0;
+  if (sample.size() > 1 && sample.front() == -1) {
+    sample.erase(sample.begin());
+  } else if (sample.size() > 1 && sample[1] == -1) {
+    if (sample.size() < 3)
+      fail("export_onnx: a -1 second in options.input_shape puts the batch second in a (seq, batch, features...) "
+           "input, which needs at least three entries, found {", sample[0], ", -1}");
+    sample.erase(sample.begin() + 1);
+    batch_axis = 1;
+  }
+  onnx_builder b(std::move(options), sample, batch_axis);
   try {
     detail::onnx_emit_module(b, model, model.name());
   } catch (const error& e) {
