@@ -4,10 +4,11 @@
 //   [Conv 32 3x3 same - BatchNorm - ReLU - MaxPool 2] - [Conv 64 3x3 same - BatchNorm - ReLU - MaxPool 2] -
 //   Dropout 0.25 - Flatten - Dense 128 ReLU - Dropout 0.25 - Dense 10
 //
-//   fashion_cnn [--mode static|dynamic] [--epochs 5] [--shift 0] [--data DIR] [--threads N] [--seed 42]
+//   fashion_cnn [--mode static|dynamic] [--epochs 5] [--shift 0] [--data DIR] [--threads N] [--seed 42] [--onnx FILE]
 #include <cstdio>
 
 #include "cnn_common.hpp"
+#include "onnx_flag.hpp"
 #include "kiln/data/transforms.hpp"
 
 using namespace kiln;
@@ -26,7 +27,7 @@ nn::Sequential dynamic_cnn(std::uint64_t seed) {
 }
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--seed", "--shift"});
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--onnx", "--seed", "--shift"});
   std::string mode = flags.get("--mode", "static");
   int epochs = static_cast<int>(flags.get_int("--epochs", 5));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
@@ -45,9 +46,11 @@ int main(int argc, char** argv) try {
   if (mode == "static") {
     static_cnn net(64, seed);
     result = examples::fit_cnn(net, fashion, epochs, seed, augment);
+    examples::export_onnx_if_asked(flags, net, {});
   } else {
     auto model = dynamic_cnn(seed);
     result = examples::fit_cnn(model, fashion, epochs, seed, augment);
+    examples::export_onnx_if_asked(flags, model, {1, 28, 28});
   }
   examples::print_result("fashion_cnn", mode, epochs, result);
   return 0;

@@ -5,10 +5,11 @@
 // masks identical (they draw from one stream).
 // Static and dynamic mode start from the same weights (same seed) and run the same kernels.
 //
-//   mnist_cnn [--mode static|dynamic] [--epochs 3] [--data DIR] [--threads N] [--seed 42]
+//   mnist_cnn [--mode static|dynamic] [--epochs 3] [--data DIR] [--threads N] [--seed 42] [--onnx FILE]
 #include <cstdio>
 
 #include "cnn_common.hpp"
+#include "onnx_flag.hpp"
 
 using namespace kiln;
 
@@ -22,7 +23,7 @@ nn::Sequential dynamic_cnn(std::uint64_t seed) {
 }
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--seed"});
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--mode", "--onnx", "--seed"});
   std::string mode = flags.get("--mode", "static");
   int epochs = static_cast<int>(flags.get_int("--epochs", 3));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
@@ -38,9 +39,11 @@ int main(int argc, char** argv) try {
   if (mode == "static") {
     static_cnn net(64, seed);
     result = examples::fit_cnn(net, mnist, epochs, seed);
+    examples::export_onnx_if_asked(flags, net, {});
   } else {
     auto model = dynamic_cnn(seed);
     result = examples::fit_cnn(model, mnist, epochs, seed);
+    examples::export_onnx_if_asked(flags, model, {1, 28, 28});
   }
   examples::print_result("mnist_cnn", mode, epochs, result);
   return 0;
