@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Runs an ONNX model exported by examples/mnist_cnn or fashion_cnn (--onnx FILE) in onnxruntime on the test set, with
-the examples' normalisation, and prints its accuracy: the same figure as the example's own test accuracy.
+"""Runs an ONNX model exported by examples/mnist_cnn, fashion_cnn or sequence_classify (--onnx FILE) in onnxruntime on
+the test set, with the examples' normalisation, and prints its accuracy: the same figure as the example's own test
+accuracy. Images go in as (N, 1, 28, 28) to a model whose input has rank 4 (the CNNs), else as (N, 28, 28): 28 rows
+of 28 pixels (the sequence classifier).
 
     python3 examples/onnx_mnist_accuracy.py MODEL.onnx [--fashion] [--data DIR]
 
@@ -45,9 +47,10 @@ def main():
         y = np.frombuffer(f.read()[8:], np.uint8)
     mean, std = NORMALISATION[subdir]
     # As kiln computes it: (x * (1/255) - mean) * (1/std), in float32.
-    x = ((x * np.float32(1 / 255) - np.float32(mean)) * np.float32(1 / std)).reshape(-1, 1, 28, 28)
+    x = (x * np.float32(1 / 255) - np.float32(mean)) * np.float32(1 / std)
     session = ort.InferenceSession(args.model)
     name = session.get_inputs()[0].name
+    x = x.reshape((-1, 1, 28, 28) if len(session.get_inputs()[0].shape) == 4 else (-1, 28, 28))
     out = np.concatenate([session.run(None, {name: x[i:i + 500]})[0] for i in range(0, len(x), 500)])
     print(f"RESULT example=onnx_mnist_accuracy data={subdir} test_acc={(out.argmax(1) == y).mean():.4f}")
 

@@ -6,12 +6,13 @@
 //                           nn::Linear(256, 10))
 //
 //   sequence_classify [--mode static|dynamic] [--epochs 2] [--limit N] [--data DIR] [--threads N]
-//                     [--seed 42]
+//                     [--seed 42] [--onnx FILE]
 #include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "common.hpp"
+#include "onnx_flag.hpp"
 #include "kiln/data/find_data.hpp"
 #include "kiln/data/mnist.hpp"
 #include "kiln/dynamic/nn.hpp"
@@ -42,7 +43,7 @@ outcome fit(Net& net, const data::tensor_dataset<float, std::int64_t>& train,
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--data", "--epochs", "--limit", "--mode", "--seed"});
+  examples::flags flags(argc, argv, {"--data", "--epochs", "--limit", "--mode", "--onnx", "--seed"});
   std::string mode = flags.get("--mode", "static");
   int epochs = static_cast<int>(flags.get_int("--epochs", 2));
   int threads = static_cast<int>(flags.get_int("--threads", 1));
@@ -67,11 +68,13 @@ int main(int argc, char** argv) try {
     using Net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128, 1, true>>, Dense<10>>;
     Net net(64, seed);
     r = fit(net, train, test, epochs, seed);
+    examples::export_onnx_if_asked(flags, net, {});
   } else {
     manual_seed(seed);
     auto model = nn::Sequential(nn::FinalState(nn::LSTM(28, 128, {.batch_first = true, .bidirectional = true})),
                                 nn::Linear(256, 10));
     r = fit(model, train, test, epochs, seed);
+    examples::export_onnx_if_asked(flags, model, {28, 28});
   }
   std::printf("RESULT example=sequence_classify mode=%s epochs=%d test_acc=%.4f train_s=%.2f step_us=%.1f\n",
               mode.c_str(), epochs, r.test_acc, r.train_s, r.step_us);
