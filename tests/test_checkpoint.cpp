@@ -64,6 +64,15 @@ void train(const data_set& d, random_generator& rng, int first, int last, std::v
   }
 }
 
+// A resumed run's losses against the uninterrupted run's: the same count, each the same bits.
+void check_same_losses(const std::vector<float>& resumed, const std::vector<float>& uninterrupted) {
+  REQUIRE(resumed.size() == uninterrupted.size());
+  for (std::size_t i = 0; i < resumed.size(); ++i) {
+    CAPTURE(i);
+    CHECK(resumed[i] == uninterrupted[i]);  // bit for bit
+  }
+}
+
 // at: the step the checkpoint is saved at (0: before the first step, when the optimizer has no state yet).
 template <class Opt, class Options>
 void check_static_resume(Options options, int at = 5) {
@@ -100,11 +109,7 @@ void check_static_resume(Options options, int at = 5) {
   train(d, rng, at, total, resumed, [&](auto& x, auto& y) {
     return net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
   });
-  REQUIRE(resumed.size() == uninterrupted.size());
-  for (std::size_t i = 0; i < resumed.size(); ++i) {
-    CAPTURE(i);
-    CHECK(resumed[i] == uninterrupted[i]);  // bit for bit
-  }
+  check_same_losses(resumed, uninterrupted);
 }
 
 template <class Opt, class Options>
@@ -141,11 +146,7 @@ void check_dynamic_resume(Options options, int at = 5) {
   random_generator rng;
   rng.set_state(state.generator("data"));
   train(d, rng, at, total, resumed, step(model, opt));
-  REQUIRE(resumed.size() == uninterrupted.size());
-  for (std::size_t i = 0; i < resumed.size(); ++i) {
-    CAPTURE(i);
-    CHECK(resumed[i] == uninterrupted[i]);
-  }
+  check_same_losses(resumed, uninterrupted);
 }
 
 }  // namespace
@@ -379,11 +380,7 @@ void check_scheduled_resume() {
   random_generator rng;
   rng.set_state(state.generator("data"));
   train(d, rng, at, total, resumed, step(model, opt, schedule));
-  REQUIRE(resumed.size() == uninterrupted.size());
-  for (std::size_t i = 0; i < resumed.size(); ++i) {
-    CAPTURE(i);
-    CHECK(resumed[i] == uninterrupted[i]);
-  }
+  check_same_losses(resumed, uninterrupted);
 }
 
 }  // namespace

@@ -12,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -423,6 +425,21 @@ struct bad_export_case {
   const char* message;
   const char* where;
 };
+
+// Each case's export is refused at every opset, with "export_onnx: " + its message and the place it names.
+void check_refused(std::span<const bad_export_case> cases, std::initializer_list<int> opsets) {
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    std::string message = "export_onnx: ";
+    message += c.message;
+    for (int opset : opsets) {
+      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
+                           doctest::Contains(message.c_str()), error);
+      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
+                           doctest::Contains(c.where), error);
+    }
+  }
+}
 }  // namespace
 
 TEST_CASE("export_onnx: CNN layers that do not fit their input raise kiln::error naming expected, found and where") {
@@ -482,17 +499,8 @@ TEST_CASE("export_onnx: CNN layers that do not fit their input raise kiln::error
        "LayerNorm over [2, 3, 4] expects input whose last dims are [2, 3, 4], found a value of shape [N, 3, 4]",
        "Sequential[0] LayerNorm"},
   };
-  for (const auto& c : cases) {
-    CAPTURE(c.what);
-    std::string message = "export_onnx: ";
-    message += c.message;
-    for (int opset : {13, 17}) {  // below 17 LayerNorm is decomposed: the same check comes first
-      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
-                           doctest::Contains(message.c_str()), error);
-      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
-                           doctest::Contains(c.where), error);
-    }
-  }
+  // Below opset 17 LayerNorm is decomposed: the same check comes first.
+  check_refused(cases, {13, 17});
 }
 
 TEST_CASE("export_onnx: recurrent layers that do not fit their input raise kiln::error naming expected, found, where") {
@@ -536,17 +544,7 @@ TEST_CASE("export_onnx: recurrent layers that do not fit their input raise kiln:
        "LayerNorm over [6, 5] expects input whose last dims are [6, 5], found a value of shape [6, N, 5]",
        "Sequential[1] LayerNorm"},
   };
-  for (const auto& c : cases) {
-    CAPTURE(c.what);
-    std::string message = "export_onnx: ";
-    message += c.message;
-    for (int opset : {13, 20}) {
-      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
-                           doctest::Contains(message.c_str()), error);
-      CHECK_THROWS_WITH_AS(io::onnx_model_bytes(c.model, {.opset = opset, .input_shape = c.input}),
-                           doctest::Contains(c.where), error);
-    }
-  }
+  check_refused(cases, {13, 20});
 }
 
 TEST_CASE("export_onnx: recurrent graphs are the same in both modes, well formed, and time-major where kiln is") {
