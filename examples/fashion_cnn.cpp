@@ -1,6 +1,7 @@
 // A CNN with batch normalisation on Fashion-MNIST, in either mode, with augmentation from kiln::data's transforms
 // (left-right flips, and with --shift N random shifts of up to N pixels: the pixels shifted in are 0 after
-// normalisation, the mean grey, so large shifts hurt more than they help), trained with kiln::Model (Adam 1e-3, batch 64):
+// normalisation, the mean grey, so large shifts hurt more than they help), trained with kiln::Model (Adam 1e-3,
+// batch 64), then a per-class report (precision, recall, F1) of the test set:
 //   [Conv 32 3x3 same - BatchNorm - ReLU - MaxPool 2] - [Conv 64 3x3 same - BatchNorm - ReLU - MaxPool 2] -
 //   Dropout 0.25 - Flatten - Dense 128 ReLU - Dropout 0.25 - Dense 10
 //
@@ -12,6 +13,10 @@
 #include "kiln/data/transforms.hpp"
 
 using namespace kiln;
+
+// Fashion-MNIST's ten classes, in label order.
+const std::vector<std::string> fashion_classes{"T-shirt/top", "Trouser", "Pullover", "Dress",   "Coat",
+                                               "Sandal",      "Shirt",   "Sneaker",  "Bag",     "Ankle boot"};
 
 constexpr conv_options same_no_bias{.same = true, .bias = false};  // the BatchNorm after it supplies the shift
 using static_cnn = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3, same_no_bias>, BatchNorm2d<>, ReLU,
@@ -45,11 +50,11 @@ int main(int argc, char** argv) try {
   examples::cnn_outcome result;
   if (mode == "static") {
     static_cnn net(64, seed);
-    result = examples::fit_cnn(net, fashion, epochs, seed, augment);
+    result = examples::fit_cnn(net, fashion, epochs, seed, augment, 1e-3, fashion_classes);
     examples::export_onnx_if_asked(flags, net, {});
   } else {
     auto model = dynamic_cnn(seed);
-    result = examples::fit_cnn(model, fashion, epochs, seed, augment);
+    result = examples::fit_cnn(model, fashion, epochs, seed, augment, 1e-3, fashion_classes);
     examples::export_onnx_if_asked(flags, model, {1, 28, 28});
   }
   examples::print_result("fashion_cnn", mode, epochs, result);

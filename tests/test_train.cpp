@@ -73,6 +73,121 @@ TEST_CASE("metrics compute what they say") {
   CHECK_THROWS_AS(mse.update({pred, 2, 2, labels, nullptr}), kiln::error);
 }
 
+namespace {
+// Outputs that predict the given classes: a 1 at the predicted class, 0 elsewhere.
+std::vector<float> one_hot_outputs(const std::vector<int>& predicted, int classes) {
+  std::vector<float> out(predicted.size() * static_cast<std::size_t>(classes), 0.0f);
+  for (std::size_t i = 0; i < predicted.size(); ++i) out[i * static_cast<std::size_t>(classes) + predicted[i]] = 1;
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a confusion matrix gives precision, recall and F1 as scikit-learn defines them") {
+  // Rows are labels, columns predictions: {2, 1, 0}, {0, 1, 1}, {2, 0, 2}. Classes 0..2 are predicted 4, 2 and 3
+  // times and occur 3, 2 and 4 times; a fourth output never wins and no label is 3.
+  std::vector<std::int64_t> labels{0, 0, 0, 1, 1, 2, 2, 2, 2};
+  auto out = one_hot_outputs({0, 1, 0, 1, 2, 2, 2, 0, 0}, 4);
+  metric::confusion_matrix cm;
+  cm.update({out.data(), 5, 4, labels.data(), nullptr});  // two batches add up
+  cm.update({out.data() + 20, 4, 4, labels.data() + 5, nullptr});
+  REQUIRE(cm.classes() == 4);
+  CHECK(cm.total() == 9);
+  CHECK(cm.count(0, 0) == 2);
+  CHECK(cm.count(0, 1) == 1);
+  CHECK(cm.count(2, 0) == 2);
+  CHECK(cm.count(1, 0) == 0);
+  CHECK(cm.support(2) == 4);
+  CHECK(cm.predictions(0) == 4);
+  CHECK(cm.precision(0) == doctest::Approx(2.0 / 4));
+  CHECK(cm.recall(0) == doctest::Approx(2.0 / 3));
+  CHECK(cm.f1(0) == doctest::Approx(4.0 / 7));
+  CHECK(cm.precision(2) == doctest::Approx(2.0 / 3));
+  CHECK(cm.recall(2) == doctest::Approx(2.0 / 4));
+  CHECK(cm.precision(3) == 0.0);  // never predicted: 0, not NaN
+  CHECK(cm.accuracy() == doctest::Approx(5.0 / 9));
+  // Class 3 occurs nowhere, so the averages leave it out.
+  CHECK(cm.precision(metric::average::macro) == doctest::Approx((0.5 + 0.5 + 2.0 / 3) / 3));
+  CHECK(cm.recall(metric::average::macro) == doctest::Approx((2.0 / 3 + 0.5 + 0.5) / 3));
+  CHECK(cm.f1(metric::average::macro) == doctest::Approx(23.0 / 42));
+  CHECK(cm.precision(metric::average::weighted) == doctest::Approx((3 * 0.5 + 2 * 0.5 + 4 * 2.0 / 3) / 9));
+  CHECK(cm.recall(metric::average::weighted) == doctest::Approx(5.0 / 9));
+  CHECK(cm.f1(metric::average::micro) == doctest::Approx(5.0 / 9));
+  CHECK_THROWS_WITH_AS(cm.precision(metric::average::binary), doctest::Contains("2 classes, found 4"), kiln::error);
+
+  std::string report = cm.report({"zero", "one", "two", "three"});
+  CHECK(report.find("precision") != std::string::npos);
+  CHECK(report.find("   three    0.0000    0.0000    0.0000         0") != std::string::npos);
+  CHECK(report.find("macro avg") != std::string::npos);
+  CHECK(report.find("0.5556         9") != std::string::npos);  // accuracy
+  CHECK_THROWS_WITH_AS(cm.report({"a"}), doctest::Contains("expected 4 class names, found 1"), kiln::error);
+
+  cm.reset();
+  CHECK(cm.total() == 0);
+  CHECK(cm.count(0, 0) == 0);
+}
+
+TEST_CASE("precision, recall and F1 metrics: binary for one output, macro for several") {
+  // One output: a positive logit predicts class 1. Labels 1 1 0 0 0, predictions 1 0 1 0 1: one true positive, two
+  // false positives, one false negative.
+  float logits[] = {2.0f, -1.0f, 0.5f, -3.0f, 1.0f};
+  std::int64_t labels[] = {1, 1, 0, 0, 0};
+  metric::accumulator p(metric::precision()), r(metric::recall()), f(metric::f1_score());
+  for (auto* m : {&p, &r, &f}) m->update({logits, 5, 1, labels, nullptr});
+  CHECK(p.name() == "precision");
+  CHECK(f.name() == "f1");
+  CHECK(p.result() == doctest::Approx(1.0 / 3));
+  CHECK(r.result() == doctest::Approx(1.0 / 2));
+  CHECK(f.result() == doctest::Approx(0.4));
+  p.reset();
+  CHECK(p.result() == 0.0);
+
+  std::vector<std::int64_t> classes{0, 0, 0, 1, 1, 2, 2, 2, 2};
+  auto out = one_hot_outputs({0, 1, 0, 1, 2, 2, 2, 0, 0}, 3);
+  metric::accumulator macro(metric::f1_score()), weighted(metric::precision(metric::average::weighted));
+  macro.update({out.data(), 9, 3, classes.data(), nullptr});
+  weighted.update({out.data(), 9, 3, classes.data(), nullptr});
+  CHECK(macro.result() == doctest::Approx(23.0 / 42));
+  CHECK(weighted.name() == "precision_weighted");
+  CHECK(weighted.result() == doctest::Approx((3 * 0.5 + 2 * 0.5 + 4 * 2.0 / 3) / 9));
+
+  float values[] = {1, 2};
+  CHECK_THROWS_WITH_AS(r.update({values, 2, 1, nullptr, values}), doctest::Contains("expected integer labels"),
+                       kiln::error);
+  metric::accumulator binary(metric::recall(metric::average::binary));
+  CHECK_THROWS_WITH_AS(binary.update({out.data(), 9, 3, classes.data(), nullptr}),
+                       doctest::Contains("one or two outputs, found 3"), kiln::error);
+  std::int64_t bad[] = {0, 5};
+  metric::confusion_matrix cm(3);
+  CHECK_THROWS_WITH_AS(cm.update({out.data(), 2, 3, bad, nullptr}), doctest::Contains("found 5 at sample 1"),
+                       kiln::error);
+  CHECK_THROWS_WITH_AS(cm.update({out.data(), 2, 4, classes.data(), nullptr}),
+                       doctest::Contains("3 classes, found a batch of width 4"), kiln::error);
+}
+
+TEST_CASE("Model::confusion_matrix and the F1 metric during fit") {
+  auto train = make_blobs(600, 1), test = make_blobs(300, 2);
+  Net net(32, 7);
+  Model model(net);
+  model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy, metric::f1_score()});
+  auto history = model.fit(train.x, train.y,
+                           {.epochs = 3, .batch_size = 32, .validation_data = labelled_data{test.x, test.y}, .verbose = 0});
+  auto cm = model.confusion_matrix(test.x, test.y, 64);
+  CHECK(cm.total() == 300);
+  CHECK(cm.classes() == 3);
+  auto scores = model.evaluate(test.x, test.y);
+  CHECK(cm.accuracy() == doctest::Approx(scores["accuracy"]));
+  CHECK(cm.f1(metric::average::macro) == doctest::Approx(scores["f1"]));
+  CHECK(history.series("val_f1").back() == doctest::Approx(scores["f1"]));
+  long long class_one = 0;
+  for (index_t i = 0; i < 300; ++i) class_one += test.y[i] == 1;
+  CHECK(cm.support(1) == class_one);
+
+  Tensor<std::int64_t> bad = test.y;
+  bad[7] = 3;
+  CHECK_THROWS_WITH_AS(model.confusion_matrix(test.x, bad),
+                       doctest::Contains("found 3 for sample 7 of the data set"), kiln::error);
+}
+
 TEST_CASE("EarlyStopping stops and restores the best weights") {
   auto train = make_blobs(200, 3), test = make_blobs(100, 4);
   Net net(32, 9);
@@ -210,6 +325,9 @@ TEST_CASE("the same Model interface trains a dynamic module") {
   CHECK(out.str().find("(None, 16)") != std::string::npos);
   CHECK(out.str().find("Total params: 131") != std::string::npos);
   CHECK(model.predict(test.x).shape() == shape{300, 3});
+  auto cm = model.confusion_matrix(test.x, test.y);
+  CHECK(cm.total() == 300);
+  CHECK(cm.accuracy() == doctest::Approx(after["accuracy"]));
 }
 
 TEST_CASE("Model::fit gives the same history in static and dynamic mode") {

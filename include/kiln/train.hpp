@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kiln/train/callbacks.hpp"
+#include "kiln/train/confusion_matrix.hpp"
 #include "kiln/train/dynamic_access.hpp"
 #include "kiln/train/history.hpp"
 #include "kiln/train/metrics.hpp"

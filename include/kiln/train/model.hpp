@@ -211,6 +211,38 @@ class Model {
   // The model's outputs for x, in evaluation mode.
   Tensor<float> predict(tensor_view<const float> x) { return access_.predict(net_, x); }
 
+  // The confusion matrix of the model's predictions on labelled data (evaluation mode, batch by batch); its report()
+  // prints precision, recall and F1 per class.
+  metric::confusion_matrix confusion_matrix(const Tensor<float>& x, const Tensor<std::int64_t>& y,
+                                            index_t batch_size = 0) {
+    return confusion_matrix(labelled_data<std::int64_t>{x, y}, batch_size);
+  }
+  template <class Dataset>
+    requires std::constructible_from<labelled_data<std::int64_t>, const Dataset&>
+  metric::confusion_matrix confusion_matrix(const Dataset& dataset, index_t batch_size = 0) {
+    return confusion_matrix(labelled_data<std::int64_t>(dataset), batch_size);
+  }
+  metric::confusion_matrix confusion_matrix(labelled_data<std::int64_t> data, index_t batch_size = 0) {
+    check_data(data, "confusion_matrix");
+    if (data.y.rank() != 1)
+      fail("Model::confusion_matrix: expected one class label per sample, found labels of shape ", data.y.shape());
+    index_t batch = batch_size > 0 ? std::min(batch_size, access_.max_batch(net_)) : access_.max_batch(net_);
+    metric::confusion_matrix matrix;
+    index_t n = data.x.extent(0);
+    for (index_t first = 0; first < n; first += batch) {
+      index_t count = std::min(batch, n - first);
+      auto yb = data.y.rows(first, count);
+      Tensor<float> out = access_.predict(net_, data.x.rows(first, count));
+      index_t width = out.shape().row_size(), classes = width == 1 ? 2 : width;
+      for (index_t row = 0; row < count; ++row)
+        if (yb.data()[row] < 0 || yb.data()[row] >= classes)
+          fail("Model::confusion_matrix: expected class labels in [0, ", classes, ") for the model's ", width,
+               " outputs, found ", yb.data()[row], " for sample ", first + row, " of the data set");
+      matrix.update({out.data(), count, width, yb.data(), nullptr});
+    }
+    return matrix;
+  }
+
   // Prints a table of layers, output shapes and parameter counts, with totals.
   void summary(std::ostream& out = std::cout) const {
     auto rows = access_.summary_rows(net_);
