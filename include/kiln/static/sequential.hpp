@@ -17,6 +17,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -411,9 +412,6 @@ class Sequential {
   std::span<random_generator> runtime_generators() { return generators_; }
   std::span<const random_generator> runtime_generators() const { return generators_; }
 
-  // Every parameter tensor with PyTorch's Sequential names ("1.weight"): a Dense with a fused activation counts as
-  // two modules, Linear then the activation, as in the equivalent torch.nn.Sequential. Offsets are into the flat
-  // buffer.
   // The layer whose part of the flat parameter buffer holds `offset`.
   static std::size_t layer_holding(index_t offset) {
     std::size_t layer = 0;
@@ -421,6 +419,9 @@ class Sequential {
     return layer;
   }
 
+  // Every parameter tensor with PyTorch's Sequential names ("1.weight"): a Dense with a fused activation counts as
+  // two modules, Linear then the activation, as in the equivalent torch.nn.Sequential. Offsets are into the flat
+  // buffer.
   static std::vector<static_parameter_info> named_parameter_infos() {
     std::vector<static_parameter_info> out;
     int torch_index = 0;
@@ -522,6 +523,19 @@ class Sequential {
   std::span<T> parameter_values() { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
   std::span<const T> parameter_values() const { return {params_.data(), static_cast<std::size_t>(params_.size())}; }
   std::span<T> gradient_values() { return {grads_.data(), static_cast<std::size_t>(grads_.size())}; }
+
+  // One parameter tensor by its state_dict name ("0.weight"), viewed in the flat buffer so that it can be changed in
+  // place, for example by an initialiser of kiln/core/tensor_init.hpp. Host policies only: on a GPU, change a
+  // state_dict and load it.
+  tensor_view<T> parameter(std::string_view name)
+    requires host_accessible
+  {
+    for (const auto& p : named_parameter_infos())
+      if (p.name == name) return {params_.data() + p.offset, p.shape};
+    std::string known;
+    for (const auto& p : named_parameter_infos()) known.append(known.empty() ? "" : ", ").append(p.name);
+    fail("Sequential::parameter: expected one of the parameter names ", known, ", found '", name, "'");
+  }
 
   // Number of parameters (without alignment padding).
   static constexpr index_t parameter_count() {
