@@ -2,6 +2,7 @@
 #pragma once
 
 #include "kiln/core/init.hpp"
+#include "kiln/core/tensor_init.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/core/threads.hpp"

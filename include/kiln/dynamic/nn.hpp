@@ -20,6 +20,7 @@
 #include "kiln/dynamic/functional/shape.hpp"
 #include "kiln/dynamic/functional/softmax.hpp"
 #include "kiln/dynamic/grad_mode.hpp"
+#include "kiln/dynamic/init.hpp"
 #include "kiln/dynamic/module.hpp"
 #include "kiln/dynamic/modules/activation.hpp"
 #include "kiln/dynamic/modules/conv.hpp"
