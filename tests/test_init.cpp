@@ -216,3 +216,29 @@ TEST_CASE("dynamic initialisers without a generator draw from the seeded initial
   nn::init::kaiming_normal(other.weight, {.nonlinear = init::nonlinearity::relu});
   CHECK(other.weight.tensor()[0] != a[0]);
 }
+
+TEST_CASE("Module::apply visits every module, children first, for initialising layers by kind") {
+  manual_seed(3);
+  nn::Sequential model(nn::Linear(6, 40), nn::ReLU(), nn::Sequential(nn::Linear(40, 40), nn::Tanh()),
+                       nn::Linear(40, 2));
+  std::vector<std::string> visited;
+  model.apply([&](nn::Module& m) {
+    visited.push_back(m.name());
+    if (auto* linear = dynamic_cast<nn::Linear*>(&m)) {
+      nn::init::xavier_uniform(linear->weight);
+      nn::init::zeros(linear->bias);
+    }
+  });
+  CHECK(visited == std::vector<std::string>{"Linear", "ReLU", "Linear", "Tanh", "Sequential", "Linear",
+                                            "Sequential"});
+  for (auto& [name, p] : model.named_parameters()) {
+    Tensor<float> values = p.tensor();
+    if (name.ends_with("bias")) {
+      CHECK(moments_of(values).max_abs == 0.0);
+    } else {
+      double bound = std::sqrt(6.0 / double(p.shape()[0] + p.shape()[1]));
+      CHECK(moments_of(values).max_abs <= bound * (1 + 1e-6));
+      CHECK(moments_of(values).max_abs > 0.8 * bound);
+    }
+  }
+}

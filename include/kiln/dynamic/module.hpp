@@ -115,6 +115,15 @@ class basic_module {
     return out;
   }
 
+  // Calls fn on every descendant, children before their parent, then on this module, as torch.nn.Module.apply: the
+  // usual way to initialise a model's layers by kind (dynamic_cast to the module type, then kiln::nn::init).
+  template <class Fn>
+  basic_module& apply(Fn&& fn) {
+    for (auto& c : children_) c.second->apply(fn);
+    fn(*this);
+    return *this;
+  }
+
   // Training mode (the default) or evaluation mode, for this module and every descendant.
   virtual void train(bool on = true) {
     training_ = on;
