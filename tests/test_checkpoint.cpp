@@ -1,6 +1,6 @@
 // Checkpoints: training resumed from one gives exactly the losses of the run that was never interrupted, in both
-// modes, with Adam (incl. AMSGrad) and SGD with momentum; bad checkpoints are refused without changing anything;
-// ModelCheckpoint writes real files.
+// modes, with Adam (incl. AMSGrad), SGD with momentum, RMSprop and Adagrad; bad checkpoints are refused without
+// changing anything; ModelCheckpoint writes real files.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -155,12 +155,25 @@ TEST_CASE("static mode: resuming from a checkpoint reproduces the uninterrupted 
   SUBCASE("Adam") { check_static_resume<optim::Adam>(optim::adam_options{.lr = 1e-2}); }
   SUBCASE("AdamW with AMSGrad") { check_static_resume<optim::AdamW>(optim::adamw_options{.lr = 1e-2, .amsgrad = true}); }
   SUBCASE("SGD with momentum") { check_static_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9}); }
+  SUBCASE("RMSprop, centered, with momentum") {
+    check_static_resume<optim::RMSprop>(optim::rmsprop_options{.lr = 1e-2, .momentum = 0.9, .centered = true});
+  }
+  SUBCASE("Adagrad with lr_decay") {
+    check_static_resume<optim::Adagrad>(
+        optim::adagrad_options{.lr = 0.1, .lr_decay = 0.01, .initial_accumulator_value = 0.1});
+  }
 }
 
 TEST_CASE("dynamic mode: resuming from a checkpoint reproduces the uninterrupted losses bit for bit") {
   SUBCASE("Adam") { check_dynamic_resume<optim::Adam>(optim::adam_options{.lr = 1e-2}); }
   SUBCASE("SGD with Nesterov momentum") {
     check_dynamic_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  }
+  SUBCASE("RMSprop with momentum and weight decay") {
+    check_dynamic_resume<optim::RMSprop>(optim::rmsprop_options{.lr = 1e-2, .weight_decay = 1e-3, .momentum = 0.5});
+  }
+  SUBCASE("Adagrad with lr_decay") {
+    check_dynamic_resume<optim::Adagrad>(optim::adagrad_options{.lr = 0.1, .lr_decay = 0.01});
   }
 }
 
@@ -171,6 +184,49 @@ TEST_CASE("a checkpoint saved before the first step (the start of training) resu
   SUBCASE("dynamic Adam") { check_dynamic_resume<optim::Adam>(optim::adam_options{.lr = 1e-2}, 0); }
   SUBCASE("dynamic AdamW") { check_dynamic_resume<optim::AdamW>(optim::adamw_options{.lr = 1e-2}, 0); }
   SUBCASE("dynamic SGD") { check_dynamic_resume<optim::SGD>(optim::sgd_options{.lr = 0.05, .momentum = 0.9}, 0); }
+  SUBCASE("static RMSprop") { check_static_resume<optim::RMSprop>(optim::rmsprop_options{.centered = true}, 0); }
+  SUBCASE("dynamic Adagrad") {
+    check_dynamic_resume<optim::Adagrad>(optim::adagrad_options{.lr = 0.1, .initial_accumulator_value = 0.1}, 0);
+  }
+}
+
+TEST_CASE("checkpoints: RMSprop's and Adagrad's state under PyTorch's names, and a state the options need is refused "
+          "when missing") {
+  static_net net(8, 3);
+  optim::RMSprop opt({.momentum = 0.9});
+  Tensor<float> x(shape{8, 6}, 0.5f);
+  Tensor<std::int64_t> y(shape{8}, 1);
+  net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
+  auto path = temp_path("rmsprop.ckpt");
+  io::save_checkpoint(path, net, opt);
+  const auto file = io::read_safetensors(path);
+  CHECK(*file.meta("optimizer") == "rmsprop");
+  CHECK(file.find("optimizer.0.square_avg") != nullptr);
+  CHECK(file.find("optimizer.0.momentum_buffer") != nullptr);
+  CHECK(file.find("optimizer.0.grad_avg") == nullptr);  // not centered: no such state
+  CHECK(file.find("optimizer.step") != nullptr);
+
+  // Loaded into a centered RMSprop, which needs grad_avg after a step: refused, and nothing changes.
+  static_net fresh(8, 4);
+  const float before = fresh.state_dict()[0].second[0];
+  optim::RMSprop centered({.momentum = 0.9, .centered = true});
+  CHECK_THROWS_WITH_AS(io::load_checkpoint(path, fresh, centered),
+                       doctest::Contains("slot 0 has taken 1 steps but its grad_avg is missing"), error);
+  CHECK(!centered.has_parameters());
+  CHECK(fresh.state_dict()[0].second[0] == before);
+  // Into Adagrad: another kind of optimizer.
+  optim::Adagrad adagrad;
+  CHECK_THROWS_WITH_AS(io::load_checkpoint(path, fresh, adagrad),
+                       doctest::Contains("it holds the state of optimizer 'rmsprop', but it is being loaded into a "
+                                         "'adagrad'"),
+                       error);
+
+  optim::Adagrad saved_adagrad;
+  net.train_step(x.view(), y.view(), loss::cross_entropy{}, saved_adagrad);
+  io::save_checkpoint(path, net, saved_adagrad);
+  const auto adagrad_file = io::read_safetensors(path);
+  CHECK(*adagrad_file.meta("optimizer") == "adagrad");
+  CHECK(adagrad_file.find("optimizer.0.sum") != nullptr);
 }
 
 TEST_CASE("checkpoints: nonsense counts and learning rates are refused, and a refused load changes nothing") {

@@ -350,6 +350,47 @@ TEST_CASE_TEMPLATE("optimizer updates over a flat buffer, several steps", T, flo
         if (args.amsgrad) check_close(to_host(vmax_d), vmax, tol, 1e-30, label<T>("adam exp_avg_sq_max", n));
       }
     }
+    {  // RMSprop: plain, with weight decay and momentum, centered with momentum
+      for (auto args : {kernels::cpu::rmsprop_step_args<T>{T(1e-2), T(0.99), T(1e-8), T(0), T(0), false},
+                        kernels::cpu::rmsprop_step_args<T>{T(1e-2), T(0.9), T(1e-8), T(0.01), T(0.9), false},
+                        kernels::cpu::rmsprop_step_args<T>{T(5e-3), T(0.9), T(1e-6), T(0), T(0.5), true}}) {
+        auto param = start;
+        std::vector<T> square_avg(static_cast<std::size_t>(n)), grad_avg(square_avg), momentum(square_avg);
+        auto param_d = to_device(start), square_avg_d = to_device(square_avg), grad_avg_d = to_device(square_avg),
+             momentum_d = to_device(square_avg);
+        for (int step = 0; step < 3; ++step) {
+          const auto grad = random_values<T>(n, 75 + step);
+          auto grad_d = to_device(grad);
+          cpu_policy::rmsprop_update(param.data(), grad.data(), square_avg.data(), grad_avg.data(), momentum.data(),
+                                     n, args);
+          gpu_policy::rmsprop_update(param_d.data(), grad_d.data(), square_avg_d.data(), grad_avg_d.data(),
+                                     momentum_d.data(), n, args);
+        }
+        check_close(to_host(param_d), param, tol, 1e-30, label<T>("rmsprop parameters", n));
+        check_close(to_host(square_avg_d), square_avg, tol, 1e-30, label<T>("rmsprop square_avg", n));
+        if (args.centered) check_close(to_host(grad_avg_d), grad_avg, tol, 1e-30, label<T>("rmsprop grad_avg", n));
+        if (args.momentum != T(0))
+          check_close(to_host(momentum_d), momentum, tol, 1e-30, label<T>("rmsprop momentum_buffer", n));
+      }
+    }
+    {  // Adagrad: plain (a decayed rate), with weight decay and a nonzero initial accumulator
+      for (auto args : {kernels::cpu::adagrad_step_args<T>{T(1e-2), T(1e-10), T(0)},
+                        kernels::cpu::adagrad_step_args<T>{T(5e-2), T(1e-6), T(0.01)}}) {
+        auto param = start;
+        const std::vector<T> initial(static_cast<std::size_t>(n), args.weight_decay != T(0) ? T(0.1) : T(0));
+        auto state_sum = initial;
+        auto param_d = to_device(start), state_sum_d = to_device(initial);
+        for (int step = 0; step < 3; ++step) {
+          const auto grad = random_values<T>(n, 78 + step);
+          auto grad_d = to_device(grad);
+          cpu_policy::adagrad_update(param.data(), grad.data(), state_sum.data(), n, args);
+          gpu_policy::adagrad_update(param_d.data(), grad_d.data(), state_sum_d.data(), n, args);
+          args.lr /= T(1.1);  // as lr_decay would
+        }
+        check_close(to_host(param_d), param, tol, 1e-30, label<T>("adagrad parameters", n));
+        check_close(to_host(state_sum_d), state_sum, tol, 1e-30, label<T>("adagrad sum", n));
+      }
+    }
     {  // L1 + L2 penalty gradient
       auto grad = random_values<T>(n, 80);
       auto param = start;

@@ -223,29 +223,47 @@ TEST_CASE("kiln::Model fits a GPU static model for one epoch as on the CPU") {
               "Model::predict");
 }
 
-TEST_CASE("a checkpoint of a GPU model and its optimizer resumes exactly") {
+namespace {
+// The optimizers the GPU checkpoint test resumes, each with options that give it all of its kinds of state.
+struct adam_case {
+  using type = optim::basic_adam<float, policy::cuda>;
+  static type make() { return type({.lr = 1e-3}); }
+};
+struct rmsprop_case {
+  using type = optim::basic_rmsprop<float, policy::cuda>;
+  static type make() { return type({.lr = 1e-3, .momentum = 0.9, .centered = true}); }
+};
+struct adagrad_case {
+  using type = optim::basic_adagrad<float, policy::cuda>;
+  static type make() { return type({.lr = 1e-2, .lr_decay = 0.01, .initial_accumulator_value = 0.1}); }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE("a checkpoint of a GPU model and its optimizer resumes exactly", Case, adam_case, rmsprop_case,
+                   adagrad_case) {
+  using optimizer = typename Case::type;
   const batch_data d = make_data(shape{28, 28}, 4 * batch, 17);
   const auto path = std::filesystem::temp_directory_path() / "kiln_cuda_static_checkpoint.safetensors";
-  auto run = [&](mlp<policy::cuda>& net, optim::basic_adam<float, policy::cuda>& adam, int from, int to) {
+  auto run = [&](mlp<policy::cuda>& net, optimizer& opt, int from, int to) {
     std::vector<float> losses;
     for (int s = from; s < to; ++s) {
       const index_t first = (s % 4) * batch;
-      losses.push_back(net.train_step(d.x.rows(first, batch), d.y.rows(first, batch), loss::cross_entropy{}, adam));
+      losses.push_back(net.train_step(d.x.rows(first, batch), d.y.rows(first, batch), loss::cross_entropy{}, opt));
     }
     return losses;
   };
   mlp<policy::cuda> net(batch, 8);
-  optim::basic_adam<float, policy::cuda> adam({.lr = 1e-3});
-  run(net, adam, 0, 3);
-  io::save_checkpoint(path, net, adam, {.epoch = 0, .step = 3});
-  const auto uninterrupted = run(net, adam, 3, 6);
+  optimizer opt = Case::make();
+  run(net, opt, 0, 3);
+  io::save_checkpoint(path, net, opt, {.epoch = 0, .step = 3});
+  const auto uninterrupted = run(net, opt, 3, 6);
 
   mlp<policy::cuda> resumed(batch, 99);
-  optim::basic_adam<float, policy::cuda> resumed_adam({.lr = 1e-3});
-  const auto state = io::load_checkpoint(path, resumed, resumed_adam);
+  optimizer resumed_opt = Case::make();
+  const auto state = io::load_checkpoint(path, resumed, resumed_opt);
   CHECK(state.step == 3);
-  CHECK(resumed_adam.state().at(0).step == 3);
-  // Same weights, moments and kernels: the same bits.
-  check_identical(run(resumed, resumed_adam, 3, 6), uninterrupted, "losses after resuming");
+  CHECK(resumed_opt.state().at(0).step == 3);
+  // Same weights, optimizer state and kernels: the same bits.
+  check_identical(run(resumed, resumed_opt, 3, 6), uninterrupted, "losses after resuming");
   std::filesystem::remove(path);
 }

@@ -1,8 +1,8 @@
 // Checkpoints that resume exactly: one safetensors file with the model's parameters and buffers (PyTorch's names),
-// the optimizer's state (Adam's moments and per-slot step counts, SGD's momentum buffers, steps taken, learning
-// rate), the epoch and step, and the state of random generators (the model's own, one per layer that draws at run
-// time such as dropout, plus any the caller names: data order, augmentation). Training resumed from a checkpoint
-// reproduces the uninterrupted run's losses bit for bit.
+// the optimizer's state (per-slot step counts and Adam's moments, RMSprop's averages, Adagrad's sums or SGD's momentum
+// buffers, under PyTorch's state names; steps taken, learning rate), the epoch and step, and the state of random
+// generators (the model's own, one per layer that draws at run time such as dropout, plus any the caller names: data
+// order, augmentation). Training resumed from a checkpoint reproduces the uninterrupted run's losses bit for bit.
 //
 //   kiln::io::save_checkpoint("run.ckpt", net, opt, {.epoch = e, .step = s, .generators = {{"data", data_rng.state()}},
 //                                                    .schedulers = {{"lr", schedule.state()}}});
@@ -11,14 +11,14 @@
 //   schedule.restore(state.scheduler("lr"));                        // a scheduler made as the saved one was
 //
 // Layout: the weights under their own names; optimizer tensors under "optimizer.<slot>.<name>" (slot = position in
-// the optimizer's parameter list) and "optimizer.step" (I64, Adam); everything else in __metadata__ ("kiln.format"
-// = "checkpoint", "epoch", "step", "optimizer", "optimizer.lr", "optimizer.steps_taken", "optimizer.slot_sizes",
-// "rng.<name>" = "seed stream position", the model's k-th as "rng.model.<k>"; version 1 had one "rng.model" for all;
-// "schedule.<name>" = "last_epoch best bad_epochs cooldown_left" for a learning-rate scheduler the caller names).
-// These names, and all of "optimizer.*", "rng.*", "schedule.*" and "kiln.*", are the checkpoint's own:
-// save_checkpoint refuses user metadata keys among them, so that whatever it saves loads back unchanged. A checkpoint
-// saved before the first step (no optimizer state yet, or a static model's optimizer without its parameters) loads
-// like any other.
+// the optimizer's parameter list) and "optimizer.step" (I64: Adam, RMSprop, Adagrad); everything else in
+// __metadata__ ("kiln.format" = "checkpoint", "epoch", "step", "optimizer", "optimizer.lr", "optimizer.steps_taken",
+// "optimizer.slot_sizes", "rng.<name>" = "seed stream position", the model's k-th as "rng.model.<k>"; version 1 had
+// one "rng.model" for all; "schedule.<name>" = "last_epoch best bad_epochs cooldown_left" for a learning-rate
+// scheduler the caller names). These names, and all of "optimizer.*", "rng.*", "schedule.*" and "kiln.*", are the
+// checkpoint's own: save_checkpoint refuses user metadata keys among them, so that whatever it saves loads back
+// unchanged. A checkpoint saved before the first step (no optimizer state yet, or a static model's optimizer without
+// its parameters) loads like any other.
 // load_weights reads a checkpoint's weights and skips the rest.
 #pragma once
 
@@ -41,8 +41,10 @@
 #include "kiln/core/tensor.hpp"
 #include "kiln/io/safetensors.hpp"
 #include "kiln/io/weights.hpp"
+#include "kiln/optim/adagrad.hpp"
 #include "kiln/optim/adam.hpp"
 #include "kiln/optim/lr_scheduler.hpp"
+#include "kiln/optim/rmsprop.hpp"
 #include "kiln/optim/sgd.hpp"
 
 namespace kiln::io {
@@ -93,16 +95,31 @@ std::vector<random_generator*> runtime_generators_of(M& model) {
   return out;
 }
 inline std::string model_generator_key(std::size_t k) { return "rng.model." + std::to_string(k); }
+// Accepts any state buffer: the visitor named_slot_state tries. (Not a lambda in the requires-expression: nvcc's
+// front end then found no such call, and took Adam for SGD.)
+struct any_buffer_visitor {
+  template <class Buffer>
+  void operator()(const char*, Buffer&, bool) const {}
+};
+// An optimizer whose per-slot state is a step count and buffers it names (slot_state::for_each_buffer): Adam, AdamW,
+// RMSprop, Adagrad. SGD's state is its momentum buffers alone.
 template <class O>
-concept adam_like = requires(O& o) { o.state(); o.options().beta2; };
-template <class O>
-concept sgd_like = requires(O& o) { o.momentum_buffers(); };
+concept named_slot_state = requires(O& o, typename O::slot_state& s, any_buffer_visitor visit) {
+  o.state();
+  s.step;
+  s.for_each_buffer(o.options(), visit);
+};
+template <class O, class Options>
+concept options_are = std::is_same_v<typename O::options_type, Options>;
 
 template <class O>
 std::string optimizer_kind(const O& o) {
-  if constexpr (adam_like<O>) return std::is_same_v<typename O::options_type, optim::adamw_options> ? "adamw" : "adam";
-  else if constexpr (sgd_like<O>) return "sgd";
-  else static_assert(sizeof(O) == 0, "checkpoint: kiln saves the state of Adam, AdamW and SGD");
+  if constexpr (options_are<O, optim::adam_options>) return "adam";
+  else if constexpr (options_are<O, optim::adamw_options>) return "adamw";
+  else if constexpr (options_are<O, optim::sgd_options>) return "sgd";
+  else if constexpr (options_are<O, optim::rmsprop_options>) return "rmsprop";
+  else if constexpr (options_are<O, optim::adagrad_options>) return "adagrad";
+  else static_assert(sizeof(O) == 0, "checkpoint: kiln saves the state of Adam, AdamW, SGD, RMSprop and Adagrad");
   (void)o;
 }
 inline std::string format_double(double v) {
@@ -249,17 +266,15 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
   const auto sizes = detail::slot_sizes(const_cast<M&>(model), optimizer);
   file.set_meta("optimizer.slot_sizes", detail::sizes_text(sizes));
   using P = typename O::policy;
-  if constexpr (detail::adam_like<O>) {
-    // One step count per slot; slots without state yet (Adam fills it at its first step) have taken none.
+  if constexpr (detail::named_slot_state<O>) {
+    // One step count per slot; slots without state yet (filled at their first step) have taken none.
     auto& st = optimizer.state();
     Tensor<std::int64_t> steps(shape{static_cast<index_t>(sizes.size())}, 0);
     for (std::size_t i = 0; i < st.size() && i < sizes.size(); ++i) {
       steps[static_cast<index_t>(i)] = st[i].step;
-      if (st[i].exp_avg.size()) detail::add_state_buffer<P>(file, detail::slot_name(i, "exp_avg"), st[i].exp_avg);
-      if (st[i].exp_avg_sq.size())
-        detail::add_state_buffer<P>(file, detail::slot_name(i, "exp_avg_sq"), st[i].exp_avg_sq);
-      if (st[i].exp_avg_sq_max.size())
-        detail::add_state_buffer<P>(file, detail::slot_name(i, "max_exp_avg_sq"), st[i].exp_avg_sq_max);
+      st[i].for_each_buffer(optimizer.options(), [&](const char* name, const auto& buffer, bool) {
+        if (buffer.size()) detail::add_state_buffer<P>(file, detail::slot_name(i, name), buffer);
+      });
     }
     file.add("optimizer.step", steps.view());
   } else {
@@ -294,8 +309,9 @@ void save_checkpoint(const std::filesystem::path& path, const M& model, O& optim
 }
 
 // Restores model, optimizer and the model's generator from a checkpoint and returns the saved state. The optimizer
-// must be of the same kind (Adam, AdamW, SGD) over the same parameters; an optimizer that has none yet (a static
-// model's, before its first train_step) is given the model's. Everything is checked before anything changes.
+// must be of the same kind (Adam, AdamW, SGD, RMSprop, Adagrad) over the same parameters; an optimizer that has none
+// yet (a static model's, before its first train_step) is given the model's. Everything is checked before anything
+// changes.
 template <has_state_dict M, class O>
 checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O& optimizer) {
   using T = typename M::value_type;
@@ -343,10 +359,10 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
       fail("checkpoint '", source, "': expected a finite optimizer.lr >= 0, found '", text, "'");
   }
   using P = typename O::policy;
-  using adam_state = typename std::conditional_t<detail::adam_like<O>, O, optim::basic_adam<T, P>>::slot_state;
-  std::vector<adam_state> adam(slots.size());
+  using slot_state = typename std::conditional_t<detail::named_slot_state<O>, O, optim::basic_adam<T, P>>::slot_state;
+  std::vector<slot_state> slot_states(slots.size());
   std::vector<typename P::template buffer<T>> momentum(slots.size());
-  if constexpr (detail::adam_like<O>) {
+  if constexpr (detail::named_slot_state<O>) {
     // Earlier versions saved no step counts before Adam's first step (an empty tensor): none were taken.
     const st_tensor* steps = file.find("optimizer.step");
     const bool saved_before_first_step = steps && steps->dtype == st_dtype::i64 && steps->shape.numel() == 0;
@@ -355,15 +371,15 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
       fail("checkpoint '", source, "': expected an I64 tensor 'optimizer.step' with ", slots.size(), " values");
     auto step_values = to_tensor<std::int64_t>(*steps, source);
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      adam[i].step = saved_before_first_step ? 0 : step_values[static_cast<index_t>(i)];
-      detail::check_count(adam[i].step, detail::slot_name(i, "step"), source);
-      if (auto t = slot_tensor(i, "exp_avg")) adam[i].exp_avg = detail::to_state_buffer<P>(*t);
-      if (auto t = slot_tensor(i, "exp_avg_sq")) adam[i].exp_avg_sq = detail::to_state_buffer<P>(*t);
-      if (auto t = slot_tensor(i, "max_exp_avg_sq")) adam[i].exp_avg_sq_max = detail::to_state_buffer<P>(*t);
-      if (adam[i].step > 0 && (adam[i].exp_avg.size() != slots[i] || adam[i].exp_avg_sq.size() != slots[i]))
-        fail("checkpoint '", source, "': slot ", i, " has taken ", adam[i].step, " steps but its moments are missing");
-      if (adam[i].step > 0 && optimizer.options().amsgrad && adam[i].exp_avg_sq_max.size() != slots[i])
-        fail("checkpoint '", source, "': the optimizer uses amsgrad but slot ", i, " has no max_exp_avg_sq");
+      auto& st = slot_states[i];
+      st.step = saved_before_first_step ? 0 : step_values[static_cast<index_t>(i)];
+      detail::check_count(st.step, detail::slot_name(i, "step"), source);
+      st.for_each_buffer(optimizer.options(), [&](const char* name, auto& buffer, bool used) {
+        if (auto t = slot_tensor(i, name)) buffer = detail::to_state_buffer<P>(*t);
+        if (st.step > 0 && used && buffer.size() != slots[i])
+          fail("checkpoint '", source, "': slot ", i, " has taken ", st.step, " steps but its ", name,
+               " is missing (these options use it)");
+      });
     }
   } else {
     for (std::size_t i = 0; i < slots.size(); ++i)
@@ -414,8 +430,8 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
   for (std::size_t k = 0; k < model_generators.size(); ++k) model_generators[k]->set_state(*model_states[k]);
   optimizer.set_lr(lr);
   optimizer.set_steps_taken(steps_taken);
-  if constexpr (detail::adam_like<O>) {
-    optimizer.state() = std::move(adam);
+  if constexpr (detail::named_slot_state<O>) {
+    optimizer.state() = std::move(slot_states);
   } else {
     optimizer.momentum_buffers() = std::move(momentum);
   }

@@ -112,6 +112,14 @@ class basic_adam : public optimizer_base<T, Policy> {
     long long step = 0;
     // capturable on a GPU: the step count on the device, which replayed graphs advance without the host.
     step_buffer device_step{};
+    // Calls visit(name, buffer, used) for each moment under its name in PyTorch's state_dict, with whether the
+    // options use it (a slot that has stepped must then have it).
+    template <class Visit>
+    void for_each_buffer(const options_type& o, Visit&& visit) {
+      visit("exp_avg", exp_avg, true);
+      visit("exp_avg_sq", exp_avg_sq, true);
+      visit("max_exp_avg_sq", exp_avg_sq_max, o.amsgrad);
+    }
   };
   // The state; with capturable on a GPU the host step counts are first read back from the device (a wait).
   std::vector<slot_state>& state() {

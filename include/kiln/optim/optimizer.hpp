@@ -105,12 +105,14 @@ class optimizer_base {
       if (trainable(slots_[i])) body(slots_[i], i);
   }
 
-  // A zero-filled state buffer of n values.
-  static state_buffer zeroed_buffer(index_t n) {
+  // A state buffer of n values, each set to value.
+  static state_buffer filled_buffer(index_t n, T value) {
     state_buffer b(n);
-    if (n > 0) Policy::fill(b.data(), T(0), n);
+    if (n > 0) Policy::fill(b.data(), value, n);
     return b;
   }
+  // A zero-filled state buffer of n values.
+  static state_buffer zeroed_buffer(index_t n) { return filled_buffer(n, T(0)); }
 
   std::vector<parameter_slot<T>> slots_;
   double lr_;

@@ -26,6 +26,8 @@ class basic_sgd : public optimizer_base<T, Policy> {
   using base = optimizer_base<T, Policy>;
 
  public:
+  using options_type = sgd_options;
+
   explicit basic_sgd(sgd_options o = {}) : base(o.lr, o.regularize, o.clip), options_(o) { validate(); }
   template <std::ranges::range Range>
   basic_sgd(const Range& params, sgd_options o = {}) : basic_sgd(o) {

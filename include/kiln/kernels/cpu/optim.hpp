@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
@@ -35,6 +36,20 @@ struct adam_step_args {
   bool decoupled_weight_decay;  // AdamW
   bool amsgrad;
   long long step;
+};
+
+// Hyper-parameters of an RMSprop step (torch.optim.RMSprop).
+template <class T>
+struct rmsprop_step_args {
+  T lr, alpha, eps, weight_decay, momentum;
+  bool centered;  // divide by the gradient's running standard deviation instead of its root mean square
+};
+
+// Hyper-parameters of an Adagrad step (torch.optim.Adagrad).
+template <class T>
+struct adagrad_step_args {
+  T lr;  // this step's rate, already decayed: lr / (1 + (step - 1) * lr_decay), computed in double as PyTorch does
+  T eps, weight_decay;
 };
 
 // The optimizer kernels of the CPU policies.
@@ -83,6 +98,37 @@ struct optim_kernels {
     if (decay == adam_decay::none) run.template operator()<adam_decay::none>();
     else if (decay == adam_decay::decoupled) run.template operator()<adam_decay::decoupled>();
     else run.template operator()<adam_decay::l2>();
+  }
+
+  // grad_avg is only touched when centered, momentum_buffer only with momentum. PyTorch's order of operations, term
+  // for term; as Adam's, large spans are split over the threads.
+  template <class T>
+  static void rmsprop_update(T* param, const T* grad, T* square_avg, T* grad_avg, T* momentum_buffer, index_t n,
+                             const rmsprop_step_args<T>& a) {
+    // One loop per case, so that each is free of branches and vectorises.
+    with_flag(a.weight_decay != T(0), [&](auto decay) {
+      with_flag(a.centered, [&](auto centered) {
+        with_flag(a.momentum != T(0), [&](auto momentum) {
+          parallel_chunks<T>(n, [&](index_t begin, index_t end) {
+            const flush_denormals_scope flush;  // on each thread: the control register is per thread
+            constexpr bool Centered = decltype(centered)::value, Momentum = decltype(momentum)::value;
+            rmsprop_loop<decltype(decay)::value, Centered, Momentum>(
+                param + begin, grad + begin, square_avg + begin, Centered ? grad_avg + begin : nullptr,
+                Momentum ? momentum_buffer + begin : nullptr, end - begin, a);
+          });
+        });
+      });
+    });
+  }
+
+  template <class T>
+  static void adagrad_update(T* param, const T* grad, T* state_sum, index_t n, const adagrad_step_args<T>& a) {
+    with_flag(a.weight_decay != T(0), [&](auto decay) {
+      parallel_chunks<T>(n, [&](index_t begin, index_t end) {
+        const flush_denormals_scope flush;
+        adagrad_loop<decltype(decay)::value>(param + begin, grad + begin, state_sum + begin, end - begin, a);
+      });
+    });
   }
 
   // grad += l1 * sign(param) + 2 * l2 * param: the gradient of the penalty l1 * sum|p| + l2 * sum p^2 (Keras' form).
@@ -150,6 +196,56 @@ struct optim_kernels {
       }
       T denom = std::sqrt(v * c.inverse_bias_correction2) + a.eps;
       param[i] = p - c.step_size * (m / denom);
+    }
+  }
+
+  // Calls body(std::true_type{}) or body(std::false_type{}): a run-time switch made a template argument.
+  template <class Body>
+  static void with_flag(bool flag, Body&& body) {
+    if (flag) body(std::true_type{});
+    else body(std::false_type{});
+  }
+
+  // The element loop of rmsprop_update for one case. sqrt(square_avg - grad_avg^2) may see a value rounded below
+  // zero and give NaN, as PyTorch's does.
+  template <bool Decay, bool Centered, bool Momentum, class T>
+  static void rmsprop_loop(T* KILN_RESTRICT param, const T* KILN_RESTRICT grad, T* KILN_RESTRICT square_avg,
+                           T* KILN_RESTRICT grad_avg, T* KILN_RESTRICT momentum_buffer, index_t n,
+                           const rmsprop_step_args<T> a) {
+    const T one_minus_alpha = T(1) - a.alpha;
+    for (index_t i = 0; i < n; ++i) {
+      T g = grad[i];
+      if constexpr (Decay) g += a.weight_decay * param[i];
+      const T v = a.alpha * square_avg[i] + one_minus_alpha * g * g;
+      square_avg[i] = v;
+      T avg;
+      if constexpr (Centered) {
+        const T m = a.alpha * grad_avg[i] + one_minus_alpha * g;
+        grad_avg[i] = m;
+        avg = std::sqrt(v - m * m) + a.eps;
+      } else {
+        avg = std::sqrt(v) + a.eps;
+      }
+      if constexpr (Momentum) {
+        const T buf = a.momentum * momentum_buffer[i] + g / avg;
+        momentum_buffer[i] = buf;
+        param[i] -= a.lr * buf;
+      } else {
+        param[i] -= a.lr * g / avg;
+      }
+    }
+  }
+
+  // The element loop of adagrad_update for one case.
+  template <bool Decay, class T>
+  static void adagrad_loop(T* KILN_RESTRICT param, const T* KILN_RESTRICT grad, T* KILN_RESTRICT state_sum, index_t n,
+                           const adagrad_step_args<T> a) {
+    for (index_t i = 0; i < n; ++i) {
+      T g = grad[i];
+      if constexpr (Decay) g += a.weight_decay * param[i];
+      const T sum = state_sum[i] + g * g;
+      state_sum[i] = sum;
+      param[i] -= a.lr * g / (std::sqrt(sum) + a.eps);
     }
   }
 

@@ -12,7 +12,9 @@
 
 namespace kiln::kernels::cuda {
 
+using cpu::adagrad_step_args;
 using cpu::adam_step_args;
+using cpu::rmsprop_step_args;
 using cpu::sgd_step_args;
 
 namespace detail {
@@ -91,6 +93,70 @@ struct adam_op {
   }
 };
 
+// grad_avg is only read when centered, momentum_buffer only with momentum.
+template <class T>
+struct rmsprop_op {
+  T *param;
+  const T* grad;
+  T *square_avg, *grad_avg, *momentum_buffer;
+  rmsprop_step_args<T> a;
+  template <int W>
+  __device__ void apply(index_t i) const {
+    vec<T, W> p = load<W>(param + i), v = load<W>(square_avg + i);
+    const vec<T, W> gv = load<W>(grad + i);
+    vec<T, W> m{}, buf{};
+    const bool momentum = a.momentum != T(0);
+    if (a.centered) m = load<W>(grad_avg + i);
+    if (momentum) buf = load<W>(momentum_buffer + i);
+    const T one_minus_alpha = T(1) - a.alpha;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      T g = gv.v[k];
+      if (a.weight_decay != T(0)) g += a.weight_decay * p.v[k];
+      v.v[k] = a.alpha * v.v[k] + one_minus_alpha * g * g;
+      T avg;
+      if (a.centered) {
+        m.v[k] = a.alpha * m.v[k] + one_minus_alpha * g;
+        avg = sqrt(v.v[k] - m.v[k] * m.v[k]) + a.eps;
+      } else {
+        avg = sqrt(v.v[k]) + a.eps;
+      }
+      if (momentum) {
+        buf.v[k] = a.momentum * buf.v[k] + g / avg;
+        p.v[k] -= a.lr * buf.v[k];
+      } else {
+        p.v[k] -= a.lr * g / avg;
+      }
+    }
+    store<W>(square_avg + i, v);
+    if (a.centered) store<W>(grad_avg + i, m);
+    if (momentum) store<W>(momentum_buffer + i, buf);
+    store<W>(param + i, p);
+  }
+};
+
+template <class T>
+struct adagrad_op {
+  T* param;
+  const T* grad;
+  T* state_sum;
+  adagrad_step_args<T> a;
+  template <int W>
+  __device__ void apply(index_t i) const {
+    vec<T, W> p = load<W>(param + i), s = load<W>(state_sum + i);
+    const vec<T, W> gv = load<W>(grad + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      T g = gv.v[k];
+      if (a.weight_decay != T(0)) g += a.weight_decay * p.v[k];
+      s.v[k] = s.v[k] + g * g;
+      p.v[k] -= a.lr * g / (sqrt(s.v[k]) + a.eps);
+    }
+    store<W>(state_sum + i, s);
+    store<W>(param + i, p);
+  }
+};
+
 template <class T>
 struct regularize_op {
   const T* param;
@@ -131,6 +197,21 @@ struct optim_kernels {
                                       T(1) - a.lr * a.weight_decay};
     detail::launch_map<T>(n, detail::adam_op<T>{param, grad, exp_avg, exp_avg_sq, exp_avg_sq_max, a, c}, param, grad,
                           exp_avg, exp_avg_sq, a.amsgrad ? exp_avg_sq_max : static_cast<T*>(nullptr));
+  }
+
+  // grad_avg is only touched when centered, momentum_buffer only with momentum.
+  template <class T>
+  static void rmsprop_update(T* param, const T* grad, T* square_avg, T* grad_avg, T* momentum_buffer, index_t n,
+                             const rmsprop_step_args<T>& a) {
+    T* const averages = a.centered ? grad_avg : nullptr;
+    T* const buffer = a.momentum != T(0) ? momentum_buffer : nullptr;
+    detail::launch_map<T>(n, detail::rmsprop_op<T>{param, grad, square_avg, averages, buffer, a}, param, grad,
+                          square_avg, averages, buffer);
+  }
+
+  template <class T>
+  static void adagrad_update(T* param, const T* grad, T* state_sum, index_t n, const adagrad_step_args<T>& a) {
+    detail::launch_map<T>(n, detail::adagrad_op<T>{param, grad, state_sum, a}, param, grad, state_sum);
   }
 
   // grad += l1 * sign(param) + 2 * l2 * param: the gradient of the penalty l1 * sum|p| + l2 * sum p^2 (Keras' form).
