@@ -148,6 +148,21 @@ TEST_CASE("gradient check: losses") {
     V probabilities = nn::sigmoid(random_leaf({4, 3}, 13, 1.0, false));
     check_gradients({x}, [&] { return nn::binary_cross_entropy_with_logits(x, probabilities, r); });
   }
+  // nll after log_softmax, cross-entropy with every option, and the L1 family away from its kinks (d = 0, |d| = beta).
+  const std::vector<double> weight = {0.5, 2, 1.25};
+  const std::vector<std::int64_t> some_ignored = {2, -1, 1, 0};
+  for (auto r : {reduction::mean, reduction::sum}) {
+    check_gradients({x}, [&] {
+      return nn::nll_loss(nn::log_softmax(x, 1), some_ignored, {.reduce = r, .weight = weight, .ignore_index = -1});
+    });
+    check_gradients({x}, [&] {
+      return nn::cross_entropy(x, some_ignored, {.reduce = r, .weight = weight, .ignore_index = -1,
+                                                 .label_smoothing = 0.2});
+    });
+    check_gradients({x, t}, [&] { return nn::l1_loss(x, t, r); });
+    check_gradients({x, t}, [&] { return nn::smooth_l1_loss(x, t, r, 0.6); });
+    check_gradients({x, t}, [&] { return nn::huber_loss(x, t, r, 0.8); });
+  }
   // A scaled loss: the saved gradient is scaled by the upstream gradient.
   Tensor<std::int64_t> labels(shape{4}, {1, 1, 0, 2});
   check_gradients({x}, [&] { return nn::cross_entropy(x, labels) * 0.25 + nn::mse_loss(x, t) * 3.0; });

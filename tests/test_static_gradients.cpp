@@ -66,6 +66,17 @@ TEST_CASE("gradients of standalone activations, softmax over both dims, and ever
   check_parameter_gradients(net, x, labels, loss::cross_entropy{.reduce = reduction::sum});
   Tensor<double> probabilities(shape{3, 3}, {0.1, 0.9, 0.5, 1, 0, 0.3, 0.7, 0.2, 0.4});
   check_parameter_gradients(net, x, probabilities, loss::bce_with_logits{});
+  // nll is linear in its input: it need not be log-probabilities for the check.
+  Tensor<std::int64_t> some_ignored(shape{3}, {2, 7, 0});
+  for (auto r : {reduction::mean, reduction::sum}) {
+    check_parameter_gradients(net, x, some_ignored, loss::nll{.reduce = r, .weight = {0.5, 2, 1.5}, .ignore_index = 7});
+    check_parameter_gradients(
+        net, x, some_ignored,
+        loss::cross_entropy{.reduce = r, .weight = {0.5, 2, 1.5}, .ignore_index = 7, .label_smoothing = 0.3f});
+    check_parameter_gradients(net, x, probabilities, loss::l1{.reduce = r});
+    check_parameter_gradients(net, x, probabilities, loss::smooth_l1{.reduce = r, .beta = 0.3f});
+    check_parameter_gradients(net, x, probabilities, loss::huber{.reduce = r, .delta = 0.4f});
+  }
 }
 
 TEST_CASE("fused and unfused epilogues give bit-identical training") {

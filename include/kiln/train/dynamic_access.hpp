@@ -19,7 +19,22 @@ inline nn::Variable dynamic_loss(const loss::mse& l, const nn::Variable& out, te
 }
 inline nn::Variable dynamic_loss(const loss::cross_entropy& l, const nn::Variable& out,
                                  tensor_view<const std::int64_t> y) {
-  return nn::cross_entropy(out, y.span(), l.reduce);
+  if (l.plain()) return nn::cross_entropy(out, y.span(), l.reduce);
+  return nn::cross_entropy(out, y.span(),
+                           {.reduce = l.reduce, .weight = l.weight.values(), .ignore_index = l.ignore_index,
+                            .label_smoothing = l.label_smoothing});
+}
+inline nn::Variable dynamic_loss(const loss::nll& l, const nn::Variable& out, tensor_view<const std::int64_t> y) {
+  return nn::nll_loss(out, y.span(), {.reduce = l.reduce, .weight = l.weight.values(), .ignore_index = l.ignore_index});
+}
+inline nn::Variable dynamic_loss(const loss::l1& l, const nn::Variable& out, tensor_view<const float> y) {
+  return nn::l1_loss(out, nn::Variable(y.reshaped(out.shape())), l.reduce);
+}
+inline nn::Variable dynamic_loss(const loss::smooth_l1& l, const nn::Variable& out, tensor_view<const float> y) {
+  return nn::smooth_l1_loss(out, nn::Variable(y.reshaped(out.shape())), l.reduce, l.beta);
+}
+inline nn::Variable dynamic_loss(const loss::huber& l, const nn::Variable& out, tensor_view<const float> y) {
+  return nn::huber_loss(out, nn::Variable(y.reshaped(out.shape())), l.reduce, l.delta);
 }
 inline nn::Variable dynamic_loss(const loss::bce_with_logits& l, const nn::Variable& out, tensor_view<const float> y) {
   return nn::binary_cross_entropy_with_logits(out, nn::Variable(y.reshaped(out.shape())), l.reduce);

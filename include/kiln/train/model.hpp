@@ -115,6 +115,7 @@ class Model {
     using target = typename Loss::template target_type<float>;
     compiled_ = std::make_shared<compiled_state>();
     compiled_->wants_labels = std::is_integral_v<target>;
+    if constexpr (requires { loss.ignore_index; }) compiled_->ignored_label = loss.ignore_index;
     compiled_->loss_name = Loss::name;
     compiled_->get_lr = [opt] { return opt->lr(); };
     compiled_->set_lr = [opt](double lr) { opt->set_lr(lr); };
@@ -280,6 +281,7 @@ class Model {
 
   struct compiled_state {
     bool wants_labels = true;
+    std::optional<std::int64_t> ignored_label;  // the loss's ignore_index: a label the range check lets through
     std::string loss_name;
     step_profile* profile = nullptr;  // fit_options::profile during a fit
     std::function<double()> get_lr;
@@ -457,7 +459,7 @@ class Model {
       if (classes <= 0 || y.rank() != 1) return;
       const Target* labels = y.data();
       for (index_t row = 0; row < y.numel(); ++row)
-        if (labels[row] < 0 || labels[row] >= classes)
+        if ((labels[row] < 0 || labels[row] >= classes) && labels[row] != compiled_->ignored_label)
           fail("Model::", where, ": expected class labels in [0, ", classes, ") for the model's ", classes,
                " outputs, found ", labels[row], " for sample ", sample_of(row), " of the data set");
     }

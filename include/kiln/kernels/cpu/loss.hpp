@@ -1,8 +1,9 @@
 // Loss kernels: mean squared error, softmax cross-entropy from logits with integer labels (fused: one pass gives the
-// loss and the gradient), binary cross-entropy with logits. Each returns the loss and, when asked, writes dL/dinput
-// scaled by an upstream gradient.
+// loss and the gradient), negative log-likelihood, binary cross-entropy with logits, and the L1 family (l1, smooth
+// L1, Huber). Each returns the loss and, when asked, writes dL/dinput scaled by an upstream gradient.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -10,7 +11,9 @@
 #include "kiln/core/config.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/class_loss_options.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
+#include "kiln/kernels/l1_variant.hpp"
 
 namespace kiln {
 
@@ -84,6 +87,89 @@ struct loss_kernels {
     return static_cast<T>(total) * scale;
   }
 
+  // Cross-entropy with PyTorch's options (class_loss_options): for a row with label y, weights w (all 1 without
+  // o.weight) and smoothing s over C classes, L_row = (1 - s) w_y (-log p_y) + (s / C) sum_c w_c (-log p_c), with p the
+  // softmax of the row; ignored rows count for nothing, and the mean divides by the sum of w_y over the counted rows
+  // (PyTorch's normalisation: a batch of only ignored rows gives NaN, and a zero gradient). The gradient is
+  // p_c ((1 - s) w_y + (s / C) sum w) - (s / C) w_c - (1 - s) w_y [c = y]. Plain options run the kernel above.
+  template <class T>
+  static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
+                                 reduction r, const class_loss_options<T>& o, T* grad, T upstream = T(1)) {
+    if (o.plain()) return softmax_cross_entropy(logits, labels, rows, classes, r, grad, upstream);
+    check_class_loss_options("cross_entropy", 0, classes, o.label_smoothing);
+    const T scale = class_loss_scale("cross_entropy", labels, rows, classes, r, o), factor = scale * upstream;
+    const T smoothing = o.label_smoothing, spread = smoothing / static_cast<T>(classes);
+    auto weight_of = [&](index_t c) { return o.weight ? o.weight[c] : T(1); };
+    T weight_sum = 0;
+    for (index_t c = 0; c < classes; ++c) weight_sum += weight_of(c);
+    sum_type<T> total = 0;
+    for (index_t row = 0; row < rows; ++row) {
+      T* g = grad ? grad + row * classes : nullptr;
+      const std::int64_t label = labels[row];
+      if (o.ignores(label)) {
+        if (g) std::fill_n(g, classes, T(0));
+        continue;
+      }
+      const T* x = logits + row * classes;
+      T max_value = -std::numeric_limits<T>::infinity();
+      for (index_t c = 0; c < classes; ++c) max_value = std::max(max_value, x[c]);
+      T exp_sum = 0;
+      for (index_t c = 0; c < classes; ++c) exp_sum += exp_value(x[c] - max_value);
+      const T log_sum = std::log(exp_sum);
+      const T hit = (T(1) - smoothing) * weight_of(label);  // -log p_y's weight in the row's loss
+      T row_loss = hit * (log_sum - (x[label] - max_value));
+      if (smoothing != T(0)) {
+        T smooth = 0;
+        for (index_t c = 0; c < classes; ++c) smooth += weight_of(c) * (log_sum - (x[c] - max_value));
+        row_loss += spread * smooth;
+      }
+      total += row_loss;
+      if (g) {  // each x[c] is read before g[c], which may alias it, is written
+        const T inverse = T(1) / exp_sum, mass = hit + spread * weight_sum;
+        for (index_t c = 0; c < classes; ++c)
+          g[c] = (exp_value(x[c] - max_value) * inverse * mass - spread * weight_of(c) - (c == label ? hit : T(0))) *
+                 factor;
+      }
+    }
+    return static_cast<T>(total) * scale;
+  }
+
+  // Negative log-likelihood of rows x classes log-probabilities against integer labels (PyTorch's F.nll_loss):
+  // L = -sum over counted rows of w_y logp[row, y], divided for the mean by the sum of their w_y (w: o.weight, or all
+  // 1). dL/dlogp is -w_y times the scale at each counted row's label, 0 elsewhere. log_softmax followed by nll is
+  // cross-entropy. o.label_smoothing is not an option of this loss and is ignored.
+  template <class T>
+  static T nll(const T* log_probs, const std::int64_t* labels, index_t rows, index_t classes, reduction r,
+               const class_loss_options<T>& o, T* grad, T upstream = T(1)) {
+    const T scale = class_loss_scale("nll_loss", labels, rows, classes, r, o);
+    sum_type<T> total = 0;
+    for (index_t row = 0; row < rows; ++row)
+      if (!o.ignores(labels[row]))
+        total += (o.weight ? o.weight[labels[row]] : T(1)) * log_probs[row * classes + labels[row]];
+    if (grad) {  // after the loss: the gradient may alias the log-probabilities
+      const T factor = scale * upstream;
+      std::fill_n(grad, rows * classes, T(0));
+      for (index_t row = 0; row < rows; ++row)
+        if (!o.ignores(labels[row]))
+          grad[row * classes + labels[row]] = -(o.weight ? o.weight[labels[row]] : T(1)) * factor;
+    }
+    return static_cast<T>(-total) * scale;
+  }
+
+  // L = reduce(f(input - target)) for f of the L1 family (l1_variant.hpp); grad (optional) = upstream * dL/dinput.
+  template <class T>
+  static T l1_loss(const l1_variant<T>& f, const T* input, const T* target, index_t n, reduction r, T* grad,
+                   T upstream = T(1)) {
+    sum_type<T> total = 0;
+    for (index_t i = 0; i < n; ++i) total += f.value(input[i] - target[i]);
+    const T scale = r == reduction::mean ? T(1) / static_cast<T>(n) : T(1);
+    if (grad) {
+      const T factor = scale * upstream;
+      for (index_t i = 0; i < n; ++i) grad[i] = f.grad(input[i] - target[i]) * factor;
+    }
+    return static_cast<T>(total) * scale;
+  }
+
   // L = reduce(max(x, 0) - x * t + log(1 + exp(-|x|))), the stable form of -[t log s(x) + (1 - t) log(1 - s(x))].
   // dL/dx = sigmoid(x) - t.
   template <class T>
@@ -99,6 +185,20 @@ struct loss_kernels {
       for (index_t i = 0; i < n; ++i) grad[i] = (T(1) / (T(1) + std::exp(-logits[i])) - target[i]) * factor;
     }
     return static_cast<T>(total) * scale;
+  }
+
+ private:
+  // Checks every label of a classification loss and returns the reduction's scale: 1 for the sum, and for the mean
+  // 1 / (the sum of the label weights of the rows not ignored).
+  template <class T>
+  static T class_loss_scale(const char* loss, const std::int64_t* labels, index_t rows, index_t classes, reduction r,
+                            const class_loss_options<T>& o) {
+    check_class_labels(loss, labels, rows, classes, o);
+    if (r != reduction::mean) return T(1);
+    sum_type<T> weight_total = 0;
+    for (index_t row = 0; row < rows; ++row)
+      if (!o.ignores(labels[row])) weight_total += o.weight ? o.weight[labels[row]] : T(1);
+    return T(1) / static_cast<T>(weight_total);
   }
 };
 
