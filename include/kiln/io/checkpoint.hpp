@@ -63,20 +63,25 @@ struct checkpoint_state {
 
   // A generator's saved state by name; throws if the checkpoint has none of that name.
   random_generator::state_type generator(const std::string& name) const {
-    for (const auto& [n, s] : generators)
-      if (n == name) return s;
-    fail("checkpoint: no random generator named '", name, "' was saved");
+    return named(generators, name, "random generator");
   }
   // A scheduler's saved state by name; throws if the checkpoint has none of that name.
   optim::lr_scheduler_state scheduler(const std::string& name) const {
-    for (const auto& [n, s] : schedulers)
-      if (n == name) return s;
-    fail("checkpoint: no learning-rate scheduler named '", name, "' was saved");
+    return named(schedulers, name, "learning-rate scheduler");
   }
   const std::string* meta(const std::string& key) const {
     for (const auto& [k, v] : metadata)
       if (k == key) return &v;
     return nullptr;
+  }
+
+ private:
+  template <class Value>
+  static const Value& named(const std::vector<std::pair<std::string, Value>>& entries, const std::string& name,
+                            const char* what) {
+    for (const auto& [n, value] : entries)
+      if (n == name) return value;
+    fail("checkpoint: no ", what, " named '", name, "' was saved");
   }
 };
 
