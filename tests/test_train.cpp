@@ -169,8 +169,8 @@ TEST_CASE("Model::confusion_matrix and the F1 metric during fit") {
   Net net(32, 7);
   Model model(net);
   model.compile(optim::Adam({.lr = 1e-2}), loss::cross_entropy{}, {metric::accuracy, metric::f1_score()});
-  auto history = model.fit(train.x, train.y,
-                           {.epochs = 3, .batch_size = 32, .validation_data = labelled_data{test.x, test.y}, .verbose = 0});
+  auto history = model.fit(train.x, train.y, {.epochs = 3, .batch_size = 32,
+                                              .validation_data = labelled_data{test.x, test.y}, .verbose = 0});
   auto cm = model.confusion_matrix(test.x, test.y, 64);
   CHECK(cm.total() == 300);
   CHECK(cm.classes() == 3);
