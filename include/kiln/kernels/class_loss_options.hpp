@@ -20,6 +20,8 @@ struct class_loss_options {
   T label_smoothing = 0;           // cross-entropy only: the target is (1 - s) one-hot + s uniform over the classes
 
   KILN_HOST_DEVICE bool ignores(std::int64_t label) const { return has_ignore_index && label == ignore_index; }
+  // The weight of class c: 1 without per-class weights.
+  KILN_HOST_DEVICE T weight_of(std::int64_t c) const { return weight ? weight[c] : T(1); }
   bool plain() const { return !weight && !has_ignore_index && label_smoothing == T(0); }
 };
 

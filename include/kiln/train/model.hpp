@@ -187,7 +187,7 @@ class Model {
   evaluation evaluate(labelled_data<Target> data, index_t batch_size = 0) {
     require_compiled("evaluate");
     check_data(data, "evaluate");
-    index_t batch = batch_size > 0 ? std::min(batch_size, access_.max_batch(net_)) : access_.max_batch(net_);
+    const index_t batch = evaluation_batch(batch_size);
     std::vector<metric::accumulator> acc;
     for (auto& spec : metrics_) acc.emplace_back(spec);
     double loss_sum = 0;
@@ -227,7 +227,7 @@ class Model {
     check_data(data, "confusion_matrix");
     if (data.y.rank() != 1)
       fail("Model::confusion_matrix: expected one class label per sample, found labels of shape ", data.y.shape());
-    index_t batch = batch_size > 0 ? std::min(batch_size, access_.max_batch(net_)) : access_.max_batch(net_);
+    const index_t batch = evaluation_batch(batch_size);
     metric::confusion_matrix matrix;
     index_t n = data.x.extent(0);
     for (index_t first = 0; first < n; first += batch) {
@@ -418,6 +418,10 @@ class Model {
     if constexpr (std::is_integral_v<Target>) view.labels = y.data();
     else view.targets = y.data();
     for (auto& m : acc) m.update(view);
+  }
+  // The batch size of evaluate and confusion_matrix: the one asked for, at most the model's largest.
+  index_t evaluation_batch(index_t batch_size) const {
+    return batch_size > 0 ? std::min(batch_size, access_.max_batch(net_)) : access_.max_batch(net_);
   }
   void require_compiled(const char* where) const {
     if (!compiled_) fail("Model::", where, ": call compile(optimizer, loss, metrics) first");

@@ -60,9 +60,7 @@ struct loss_kernels {
   template <class T>
   static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
                                  reduction r, T* grad, T upstream = T(1)) {
-    for (index_t row = 0; row < rows; ++row)
-      if (labels[row] < 0 || labels[row] >= classes)
-        fail("cross_entropy: expected labels in [0, ", classes, "), found ", labels[row], " at row ", row);
+    check_class_labels("cross_entropy", labels, rows, classes, class_loss_options<T>{});
     const T scale = r == reduction::mean ? T(1) / static_cast<T>(rows) : T(1);
     const T factor = scale * upstream;
     sum_type<T> total = 0;
@@ -99,9 +97,8 @@ struct loss_kernels {
     check_class_loss_options("cross_entropy", 0, classes, o.label_smoothing);
     const T scale = class_loss_scale("cross_entropy", labels, rows, classes, r, o), factor = scale * upstream;
     const T smoothing = o.label_smoothing, spread = smoothing / static_cast<T>(classes);
-    auto weight_of = [&](index_t c) { return o.weight ? o.weight[c] : T(1); };
     T weight_sum = 0;
-    for (index_t c = 0; c < classes; ++c) weight_sum += weight_of(c);
+    for (index_t c = 0; c < classes; ++c) weight_sum += o.weight_of(c);
     sum_type<T> total = 0;
     for (index_t row = 0; row < rows; ++row) {
       T* g = grad ? grad + row * classes : nullptr;
@@ -116,18 +113,18 @@ struct loss_kernels {
       T exp_sum = 0;
       for (index_t c = 0; c < classes; ++c) exp_sum += exp_value(x[c] - max_value);
       const T log_sum = std::log(exp_sum);
-      const T hit = (T(1) - smoothing) * weight_of(label);  // -log p_y's weight in the row's loss
+      const T hit = (T(1) - smoothing) * o.weight_of(label);  // -log p_y's weight in the row's loss
       T row_loss = hit * (log_sum - (x[label] - max_value));
       if (smoothing != T(0)) {
         T smooth = 0;
-        for (index_t c = 0; c < classes; ++c) smooth += weight_of(c) * (log_sum - (x[c] - max_value));
+        for (index_t c = 0; c < classes; ++c) smooth += o.weight_of(c) * (log_sum - (x[c] - max_value));
         row_loss += spread * smooth;
       }
       total += row_loss;
       if (g) {  // each x[c] is read before g[c], which may alias it, is written
         const T inverse = T(1) / exp_sum, mass = hit + spread * weight_sum;
         for (index_t c = 0; c < classes; ++c)
-          g[c] = (exp_value(x[c] - max_value) * inverse * mass - spread * weight_of(c) - (c == label ? hit : T(0))) *
+          g[c] = (exp_value(x[c] - max_value) * inverse * mass - spread * o.weight_of(c) - (c == label ? hit : T(0))) *
                  factor;
       }
     }
@@ -145,13 +142,13 @@ struct loss_kernels {
     sum_type<T> total = 0;
     for (index_t row = 0; row < rows; ++row)
       if (!o.ignores(labels[row]))
-        total += (o.weight ? o.weight[labels[row]] : T(1)) * log_probs[row * classes + labels[row]];
+        total += o.weight_of(labels[row]) * log_probs[row * classes + labels[row]];
     if (grad) {  // after the loss: the gradient may alias the log-probabilities
       const T factor = scale * upstream;
       std::fill_n(grad, rows * classes, T(0));
       for (index_t row = 0; row < rows; ++row)
         if (!o.ignores(labels[row]))
-          grad[row * classes + labels[row]] = -(o.weight ? o.weight[labels[row]] : T(1)) * factor;
+          grad[row * classes + labels[row]] = -o.weight_of(labels[row]) * factor;
     }
     return static_cast<T>(-total) * scale;
   }
@@ -197,7 +194,7 @@ struct loss_kernels {
     if (r != reduction::mean) return T(1);
     sum_type<T> weight_total = 0;
     for (index_t row = 0; row < rows; ++row)
-      if (!o.ignores(labels[row])) weight_total += o.weight ? o.weight[labels[row]] : T(1);
+      if (!o.ignores(labels[row])) weight_total += o.weight_of(labels[row]);
     return T(1) / static_cast<T>(weight_total);
   }
 };

@@ -56,6 +56,21 @@ struct bce_term {
   }
 };
 
+// What a warp's row of logits gives its softmax, on every lane: the row's largest value and sum of exp(x - max).
+template <class T>
+struct row_softmax_sums {
+  T max_value, exp_sum;
+};
+template <class T>
+__device__ row_softmax_sums<T> warp_row_softmax_sums(const T* x, index_t classes, int lane) {
+  T max_value = -::cuda::std::numeric_limits<T>::infinity();
+  for (index_t c = lane; c < classes; c += 32) max_value = max_value < x[c] ? x[c] : max_value;
+  max_value = warp_reduce(max_value, max_op{});
+  T exp_sum = 0;
+  for (index_t c = lane; c < classes; c += 32) exp_sum += exp(x[c] - max_value);
+  return {max_value, warp_reduce(exp_sum, sum_op{})};
+}
+
 // One warp per row: the row's log-sum-exp, its loss log_sum - x[label] (summed per warp in double, then per block),
 // and its gradient (softmax - onehot) * factor. A label outside [0, classes) flags the row.
 template <class T>
@@ -69,12 +84,7 @@ __global__ void softmax_cross_entropy_kernel(const T* logits, const std::int64_t
     const std::int64_t label = labels[row];
     const bool valid = label >= 0 && label < classes;
     if (!valid && lane == 0) atomicMin(flag, static_cast<long long>(row));
-    T max_value = -::cuda::std::numeric_limits<T>::infinity();
-    for (index_t c = lane; c < classes; c += 32) max_value = max_value < x[c] ? x[c] : max_value;
-    max_value = warp_reduce(max_value, max_op{});
-    T exp_sum = 0;
-    for (index_t c = lane; c < classes; c += 32) exp_sum += exp(x[c] - max_value);
-    exp_sum = warp_reduce(exp_sum, sum_op{});
+    const auto [max_value, exp_sum] = warp_row_softmax_sums(x, classes, lane);
     // log(sum) - (x[label] - max), as on the CPU: the difference of two large logits is exact, their sum is not.
     if (lane == 0 && valid) total += double(log(exp_sum) - (x[label] - max_value));
     if (grad) {
@@ -140,7 +150,7 @@ struct label_weight_term {
   __device__ double operator()(index_t row) const {
     const std::int64_t label = labels[row];
     if (o.ignores(label) || label < 0 || label >= classes) return 0;
-    return o.weight ? double(o.weight[label]) : 1.0;
+    return double(o.weight_of(label));
   }
 };
 
@@ -180,7 +190,7 @@ struct nll_term {
     const bool ignored = o.ignores(label), valid = !ignored && label >= 0 && label < classes;
     if (!ignored && !valid && c == 0) atomicMin(flag, static_cast<long long>(row));
     const bool hit = valid && c == label;
-    const T w = hit ? (o.weight ? o.weight[label] : T(1)) : T(0);
+    const T w = hit ? o.weight_of(label) : T(0);
     if (grad) grad[i] = hit ? -w * (class_loss_scale<T>(denominator) * upstream) : T(0);
     if (!hit) return 0;
     return -double(w) * double(log_probs[i]) / (denominator ? *denominator : 1.0);
@@ -212,18 +222,13 @@ __global__ void softmax_cross_entropy_options_kernel(const T* logits, const std:
         for (index_t c = lane; c < classes; c += 32) g[c] = T(0);
       continue;
     }
-    T max_value = -::cuda::std::numeric_limits<T>::infinity();
-    for (index_t c = lane; c < classes; c += 32) max_value = max_value < x[c] ? x[c] : max_value;
-    max_value = warp_reduce(max_value, max_op{});
-    T exp_sum = 0;
-    for (index_t c = lane; c < classes; c += 32) exp_sum += exp(x[c] - max_value);
-    exp_sum = warp_reduce(exp_sum, sum_op{});
+    const auto [max_value, exp_sum] = warp_row_softmax_sums(x, classes, lane);
     const T log_sum = log(exp_sum);
-    const T hit = (T(1) - smoothing) * (o.weight ? o.weight[label] : T(1));
+    const T hit = (T(1) - smoothing) * o.weight_of(label);
     T smooth = 0, weight_sum = 0;
     if (smoothing != T(0)) {
       for (index_t c = lane; c < classes; c += 32) {
-        const T w = o.weight ? o.weight[c] : T(1);
+        const T w = o.weight_of(c);
         smooth += w * (log_sum - (x[c] - max_value));
         weight_sum += w;
       }
@@ -234,8 +239,8 @@ __global__ void softmax_cross_entropy_options_kernel(const T* logits, const std:
     if (g) {
       const T inverse_sum = T(1) / exp_sum, mass = hit + spread * weight_sum;
       for (index_t c = lane; c < classes; c += 32) {
-        const T w = o.weight ? o.weight[c] : T(1);
-        g[c] = (exp(x[c] - max_value) * inverse_sum * mass - spread * w - (c == label ? hit : T(0))) * factor;
+        g[c] = (exp(x[c] - max_value) * inverse_sum * mass - spread * o.weight_of(c) - (c == label ? hit : T(0))) *
+               factor;
       }
     }
   }
@@ -309,11 +314,8 @@ struct loss_kernels {
         detail::cross_entropy_first_pass(s, logits, labels, rows, classes, grad, scale * upstream);
     const detail::reduce_result result = detail::finish_on_host(s, blocks);
     lock.unlock();
-    if (result.flagged != detail::no_flag) {
-      std::int64_t label = 0;
-      KILN_CUDA_CHECK(cudaMemcpy(&label, labels + result.flagged, sizeof label, cudaMemcpyDeviceToHost));
-      fail("cross_entropy: expected labels in [0, ", classes, "), found ", label, " at row ", result.flagged);
-    }
+    if (result.flagged != detail::no_flag)
+      detail::fail_flagged_label("cross_entropy", labels, result.flagged, classes, class_loss_options<T>{});
     return static_cast<T>(result.value) * scale;
   }
   template <class T>
