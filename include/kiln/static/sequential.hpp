@@ -72,9 +72,11 @@ constexpr bool draws_at_run_time() {
   if constexpr (requires { B::draws_at_run_time; }) return B::draws_at_run_time;
   else return false;
 }
-// An optimizer that names its policy must name the model's (its kernels read the model's memory).
+// An optimizer that names its policy must name the model's, or one whose memory is the model's: its kernels read the
+// model's parameters (policy::cpu's Adam updates a policy::cpu_bf16 model, whose parameters are host floats too).
 template <class O, class P>
-concept optimizer_for_policy = !requires { typename O::policy; } || std::is_same_v<typename O::policy, P>;
+concept optimizer_for_policy = !requires { typename O::policy; } || std::is_same_v<typename O::policy, P> ||
+                               (O::policy::host_accessible && P::host_accessible);
 }  // namespace detail
 
 template <class Policy, class InputSpec, class... Layers>

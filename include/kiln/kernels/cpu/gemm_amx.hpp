@@ -18,6 +18,10 @@
 // block and swept across them, C accumulated in 2 x 2 tile registers and finished through the same epilogue as the
 // AVX-512 micro-kernel (store_tile), or a plain loop where the epilogue is only alpha and beta.
 //
+// Products of bfloat16 operands (product_precision::bfloat16, policy::cpu_bf16) round each operand to bfloat16 as it
+// is packed, keep the hi tiles alone and run the (hi, hi) product only: one tile product where float operands take
+// six, with the packing and the float sums unchanged.
+//
 // Limits: products involving an infinite value give NaN where the float product gives an infinity (the infinity's
 // remainder pieces are NaN); float subnormals are read and written as zero (AMX flushes them), as kiln's training
 // loops run with denormals flushed anyway. set_amx_gemm(false) or KILN_AMX=0 in the environment turn the path off.
@@ -33,6 +37,7 @@
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
 #include "kiln/kernels/cpu/gemm_scratch.hpp"
+#include "kiln/kernels/cpu/product_precision.hpp"
 
 // (Not in code that nvcc compiles: its front end does not know the tile intrinsics, and the CPU GEMMs of a CUDA
 // program's host code are not the ones that matter.)
@@ -94,9 +99,9 @@ namespace amx_detail {
 
 inline constexpr index_t tile_rows = 16;    // rows of every tile; columns of a C or B tile
 inline constexpr index_t chunk_depth = 32;  // k values per A tile row
-inline constexpr index_t pieces = 3;
-inline constexpr index_t tile_values = 512;                  // bfloat16 values per tile (1 KiB)
-inline constexpr index_t chunk_values = pieces * tile_values;  // one operand tile's three pieces
+inline constexpr index_t float_pieces = 3;  // the pieces of a float operand; a bfloat16 operand is its hi piece alone
+inline constexpr index_t tile_values = 512;                        // bfloat16 values per tile (1 KiB)
+inline constexpr index_t chunk_values = float_pieces * tile_values;  // one operand tile's three pieces
 inline constexpr int group_row_tiles = 2;  // row tiles of A packed together and swept across the B block
 // k chunks per block: a group's A tiles (2 rows x 4 chunks x 3 pieces x 1 KiB = 24 KiB) stay in L1 (48 KiB) while
 // the B block streams past.
@@ -141,6 +146,21 @@ KILN_ALWAYS_INLINE split_floats split_pieces(__m512 x) {
   const __m512 last = _mm512_sub_ps(rest, _mm512_castsi512_ps(mid));  // exact, and at most 8 significant bits
   const __m512i lo = _mm512_and_si512(_mm512_castps_si512(last), high_half);
   return {{hi, mid, lo}};
+}
+
+// The pieces that a product of `pieces` pieces per operand multiplies: all three (single precision), or, for
+// bfloat16 operands (pieces = 1), hi alone holding x rounded to bfloat16 as round_to_bfloat16 rounds it (to nearest,
+// ties to even; a NaN stays a quiet NaN), mid and lo zero.
+KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x, int pieces) {
+  if (pieces == 3) return split_pieces(x);
+  constexpr __mmask16 all16 = 0xFFFF;
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lowest_kept = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lowest_kept));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
+  const __m512i zero = _mm512_setzero_si512();
+  return {{_mm512_and_si512(rounded, _mm512_set1_epi32(int(0xFFFF0000u))), zero, zero}};
 }
 
 // One piece of two rows of k (even, odd) as VNNI words: (even's bfloat16) | (odd's bfloat16) << 16.
@@ -196,38 +216,40 @@ KILN_ALWAYS_INLINE __mmask16 first_lanes(index_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
 }
 
-// 32 consecutive floats of k at p (the first `count` real, zeros after them), split.
-KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, split_floats& first, split_floats& second) {
-  first = split_pieces(_mm512_maskz_loadu_ps(first_lanes(count), p));
-  second = split_pieces(_mm512_maskz_loadu_ps(first_lanes(count - 16), p + 16));
+// 32 consecutive floats of k at p (the first `count` real, zeros after them), split into `pieces` pieces.
+KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, int pieces, split_floats& first,
+                                       split_floats& second) {
+  first = operand_pieces(_mm512_maskz_loadu_ps(first_lanes(count), p), pieces);
+  second = operand_pieces(_mm512_maskz_loadu_ps(first_lanes(count - 16), p + 16), pieces);
 }
 
 // The three A tiles (hi, mid, lo at dst, dst + 512, dst + 1024) of `rows` rows of 32 values of k, the first `depth`
-// real, at a with stride lda; zero-padded to 16 x 32.
-inline void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_bits* dst) {
+// real, at a with stride lda; zero-padded to 16 x 32. With pieces = 1 (bfloat16 operands), the hi tile alone.
+inline void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, int pieces, bf16_bits* dst) {
   for (index_t r = 0; r < tile_rows; ++r) {
     split_floats first, second;
     if (r < rows) {
-      load_split_run(a + r * lda, depth, first, second);
+      load_split_run(a + r * lda, depth, pieces, first, second);
     } else {
       first = second = split_pieces(_mm512_setzero_ps());
     }
-    for (int q = 0; q < 3; ++q)
+    for (int q = 0; q < pieces; ++q)
       _mm512_storeu_si512(dst + q * tile_values + r * 32, consecutive_words(first.piece[q], second.piece[q]));
   }
 }
 
 // The three VNNI B tiles of `depth` rows of k (up to 32) of `cols` columns (up to 16) at b with stride ldb;
-// zero-padded to 32 x 16. Two rows of k give one tile row.
-inline void pack_b_rows(const float* b, index_t ldb, index_t depth, index_t cols, bf16_bits* dst) {
+// zero-padded to 32 x 16. Two rows of k give one tile row. With pieces = 1, the hi tile alone.
+inline void pack_b_rows(const float* b, index_t ldb, index_t depth, index_t cols, int pieces, bf16_bits* dst) {
   const __mmask16 columns = first_lanes(cols);
   for (index_t d = 0; d < tile_rows; ++d) {
     const index_t p = 2 * d;
     const split_floats even =
-        split_pieces(p < depth ? _mm512_maskz_loadu_ps(columns, b + p * ldb) : _mm512_setzero_ps());
+        operand_pieces(p < depth ? _mm512_maskz_loadu_ps(columns, b + p * ldb) : _mm512_setzero_ps(), pieces);
     const split_floats odd =
-        split_pieces(p + 1 < depth ? _mm512_maskz_loadu_ps(columns, b + (p + 1) * ldb) : _mm512_setzero_ps());
-    for (int q = 0; q < 3; ++q)
+        operand_pieces(p + 1 < depth ? _mm512_maskz_loadu_ps(columns, b + (p + 1) * ldb) : _mm512_setzero_ps(),
+                       pieces);
+    for (int q = 0; q < pieces; ++q)
       _mm512_storeu_si512(dst + q * tile_values + d * 32, pair_words(even.piece[q], odd.piece[q]));
   }
 }
@@ -253,27 +275,27 @@ inline void transpose_block(const float* from, index_t ld, index_t rows, index_t
 // The three tiles of op(A)'s rows [i0, i0 + rows) and k values [p0, p0 + depth), zero-padded to 16 x 32. A stored
 // m x k (untransposed) has op(A)'s rows along k; stored k x m, a 32 x 16 block of it is transposed first.
 inline void pack_a_chunk(bool transpose_a, const float* a, index_t lda, index_t i0, index_t rows, index_t p0,
-                         index_t depth, bf16_bits* dst) {
+                         index_t depth, int pieces, bf16_bits* dst) {
   if (!transpose_a) {
-    pack_a_rows(a + i0 * lda + p0, lda, rows, depth, dst);
+    pack_a_rows(a + i0 * lda + p0, lda, rows, depth, pieces, dst);
     return;
   }
   alignas(64) float rows_along_k[16 * 32];
   transpose_block(a + p0 * lda + i0, lda, depth, rows, 16, 32, rows_along_k);
-  pack_a_rows(rows_along_k, 32, 16, 32, dst);
+  pack_a_rows(rows_along_k, 32, 16, 32, pieces, dst);
 }
 
 // The three VNNI tiles of op(B)'s k values [p0, p0 + depth) and columns [j0, j0 + cols), zero-padded to 32 x 16.
 // B stored k x n (untransposed) has op(B)'s rows along n; stored n x k, a 16 x 32 block of it is transposed first.
 inline void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t p0, index_t depth, index_t j0,
-                         index_t cols, bf16_bits* dst) {
+                         index_t cols, int pieces, bf16_bits* dst) {
   if (!transpose_b) {
-    pack_b_rows(b + p0 * ldb + j0, ldb, depth, cols, dst);
+    pack_b_rows(b + p0 * ldb + j0, ldb, depth, cols, pieces, dst);
     return;
   }
   alignas(64) float columns_along_n[32 * 16];
   transpose_block(b + j0 * ldb + p0, ldb, cols, depth, 32, 16, columns_along_n);
-  pack_b_rows(columns_along_n, 16, 32, 16, dst);
+  pack_b_rows(columns_along_n, 16, 32, 16, pieces, dst);
 }
 
 // The register blocking: 2 x 2 C tiles (0-3), two A row tiles (4, 5) and two B column tiles (6, 7). A tile product
@@ -336,8 +358,8 @@ inline void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t 
 // C tiles of Rows row tiles x Cols column tiles (each 1 or 2) += A rows x B columns over `chunks` chunks. Row tile r
 // holds its chunks at a + r * a_tile_stride, chunk c at + c * chunk_values; column tile t at b + t * b_tile_stride,
 // chunk c at + c * chunk_values. The accumulators start from acc (resume) or zero and end in acc, row tile r and
-// column tile t at acc + (16 r) * acc_stride + 16 t.
-template <int Rows, int Cols, bool Mirrored>
+// column tile t at acc + (16 r) * acc_stride + 16 t. HiOnly: bfloat16 operands, the (hi, hi) product alone.
+template <int Rows, int Cols, bool Mirrored, bool HiOnly = false>
 KILN_NOINLINE void block_product(const bf16_bits* a, index_t a_tile_stride, const bf16_bits* b, index_t b_tile_stride,
                                  index_t chunks, float* acc, index_t acc_stride, bool resume) {
   const index_t stride_bytes = acc_stride * index_t(sizeof(float));
@@ -353,7 +375,9 @@ KILN_NOINLINE void block_product(const bf16_bits* a, index_t a_tile_stride, cons
     const bf16_bits* b1 = b0 + b_tile_stride;
     constexpr index_t hi = 0, mid = tile_values, lo = 2 * tile_values;
     KILN_AMX_STEP_AB(Rows, Cols, a0 + hi, a1 + hi, b0 + hi, b1 + hi);
-    if constexpr (!Mirrored) {
+    if constexpr (HiOnly) {
+      continue;
+    } else if constexpr (!Mirrored) {
       KILN_AMX_STEP_A(Rows, Cols, a0 + mid, a1 + mid);
       KILN_AMX_STEP_A(Rows, Cols, a0 + lo, a1 + lo);
       KILN_AMX_STEP_AB(Rows, Cols, a0 + hi, a1 + hi, b0 + lo, b1 + lo);
@@ -392,6 +416,7 @@ struct amx_problem {
   // The product computed is C^T = op(B)^T op(A)^T: a, b, m, n and the transposes above describe that product, and
   // its element (i, j) is stored to c[j * ldc + i] with bias[i] (see amx_gemm).
   bool transposed_output = false;
+  int pieces = int(float_pieces);  // of each operand: 3 (float operands) or 1 (bfloat16 operands)
 };
 
 // Stores the finished sums of one block of tile rows [i_begin, i_end) x columns [j_begin, j_end) (at most 32 x 32,
@@ -471,21 +496,24 @@ inline index_t packed_amx_b_size(index_t k, index_t n) {
 // chunk cb + c at dst + (t * tile_chunks + c) * chunk_values. All of k with tile_chunks = all chunks is the layout of
 // a B packed whole (packed_chunk_offset); one k block with tile_chunks = depth, a block's.
 inline void pack_b_tiles(bool transpose_b, const float* b, index_t ldb, index_t k, index_t n, index_t j0,
-                         index_t tiles, index_t cb, index_t depth, index_t tile_chunks, bf16_bits* dst) {
+                         index_t tiles, index_t cb, index_t depth, index_t tile_chunks, int pieces, bf16_bits* dst) {
   for (index_t t = 0; t < tiles; ++t) {
     const index_t j = j0 + t * tile_rows;
     for (index_t c = 0; c < depth; ++c) {
       const index_t p = (cb + c) * chunk_depth;
-      pack_b_chunk(transpose_b, b, ldb, p, std::min(chunk_depth, k - p), j, std::min(tile_rows, n - j),
+      pack_b_chunk(transpose_b, b, ldb, p, std::min(chunk_depth, k - p), j, std::min(tile_rows, n - j), pieces,
                    dst + (t * tile_chunks + c) * chunk_values);
     }
   }
 }
 
 // Packs all of op(B) (k x n) for amx_gemm's b_packed: column tile after column tile, each with all of k's chunks.
-inline void pack_amx_b(bool transpose_b, index_t k, index_t n, const float* b, index_t ldb, bf16_bits* packed) {
+// A product of bfloat16 operands must find B packed for them (precision bfloat16: the hi pieces alone).
+inline void pack_amx_b(bool transpose_b, index_t k, index_t n, const float* b, index_t ldb, bf16_bits* packed,
+                       product_precision precision = product_precision::single) {
   const index_t chunks = ceil_div(k, chunk_depth);
-  pack_b_tiles(transpose_b, b, ldb, k, n, 0, ceil_div(n, tile_rows), 0, chunks, chunks, packed);
+  pack_b_tiles(transpose_b, b, ldb, k, n, 0, ceil_div(n, tile_rows), 0, chunks, chunks,
+               precision == product_precision::bfloat16 ? 1 : int(float_pieces), packed);
 }
 
 // The AMX path's per-thread scratch, for its packed blocks and accumulators.
@@ -495,11 +523,13 @@ inline void* amx_scratch(std::size_t bytes) {
 }
 
 using block_product_fn = void (*)(const bf16_bits*, index_t, const bf16_bits*, index_t, index_t, float*, index_t, bool);
-// [mirrored][(rows - 1) * 2 + (cols - 1)]
-inline constexpr block_product_fn block_products[2][4] = {
+// [float operands: mirrored, bfloat16 operands: 2][(rows - 1) * 2 + (cols - 1)]
+inline constexpr block_product_fn block_products[3][4] = {
     {&block_product<1, 1, false>, &block_product<1, 2, false>, &block_product<2, 1, false>,
      &block_product<2, 2, false>},
-    {&block_product<1, 1, true>, &block_product<1, 2, true>, &block_product<2, 1, true>, &block_product<2, 2, true>}};
+    {&block_product<1, 1, true>, &block_product<1, 2, true>, &block_product<2, 1, true>, &block_product<2, 2, true>},
+    {&block_product<1, 1, false, true>, &block_product<1, 2, false, true>, &block_product<2, 1, false, true>,
+     &block_product<2, 2, false, true>}};
 
 // Whether the epilogue copies the sums unchanged (alpha 1, beta 0, no bias, no activation: a weight gradient): then
 // a product over one k block stores each whole 2 x 2 block of tiles straight into C.
@@ -516,7 +546,7 @@ inline void pack_a_group(const amx_problem& g, index_t i, index_t i1, int rows_i
     for (index_t c = 0; c < depth; ++c) {
       const index_t p = (cb + c) * chunk_depth;
       pack_a_chunk(g.transpose_a, g.a, g.lda, row, std::min(tile_rows, i1 - row), p, std::min(chunk_depth, g.k - p),
-                   a_group + (r * depth + c) * chunk_values);
+                   g.pieces, a_group + (r * depth + c) * chunk_values);
     }
   }
 }
@@ -543,7 +573,8 @@ inline void sweep_column_pairs(const amx_problem& g, const group_sweep& w) {
   const index_t a_stride = w.depth * chunk_values, i_end = w.i + w.rows_in_group * tile_rows;
   for (index_t t = 0; t < w.block_tiles; t += 2) {
     const int cols_in_pair = int(std::min<index_t>(2, w.block_tiles - t));
-    const auto product = block_products[g.transposed_output][(w.rows_in_group - 1) * 2 + (cols_in_pair - 1)];
+    const int order = g.pieces == 1 ? 2 : int(g.transposed_output);  // one product needs no mirrored order
+    const auto product = block_products[order][(w.rows_in_group - 1) * 2 + (cols_in_pair - 1)];
     const bf16_bits* b_column = w.b + t * w.b_tile_stride;
     const index_t j = w.j + t * tile_rows, j_end = j + cols_in_pair * tile_rows;
     if (w.into_c && i_end <= w.i1 && j_end <= w.j1) {
@@ -593,7 +624,7 @@ inline void amx_block_whole_b(const amx_problem& g, index_t i0, index_t i1, inde
     const bf16_bits* b_base = g.b_packed ? g.b_packed + packed_chunk_offset(g.k, j0 / tile_rows + jt, 0) : b_block;
     if (!g.b_packed)
       pack_b_tiles(g.transpose_b, g.b, g.ldb, g.k, j1, j0 + jt * tile_rows, block_tiles, 0, chunks_total, chunks_total,
-                   b_block);
+                   g.pieces, b_block);
     for (index_t rt = 0; rt < row_tiles; rt += group_row_tiles) {
       const int rows_in_group = int(std::min<index_t>(group_row_tiles, row_tiles - rt));
       const index_t i = i0 + rt * tile_rows;
@@ -638,7 +669,8 @@ inline void amx_block_by_blocks(const amx_problem& g, index_t i0, index_t i1, in
     for (index_t cb = 0; cb < chunks_total; cb += block_depth) {
       const index_t depth = std::min(block_depth, chunks_total - cb);
       // This block's B, column tile after column tile.
-      pack_b_tiles(g.transpose_b, g.b, g.ldb, g.k, j1, j0 + jt * tile_rows, block_tiles, cb, depth, depth, b_block);
+      pack_b_tiles(g.transpose_b, g.b, g.ldb, g.k, j1, j0 + jt * tile_rows, block_tiles, cb, depth, depth, g.pieces,
+                   b_block);
       for (index_t rt = 0; rt < row_tiles; rt += group_row_tiles) {
         const int rows_in_group = int(std::min<index_t>(group_row_tiles, row_tiles - rt));
         const index_t i = i0 + rt * tile_rows;
@@ -733,13 +765,15 @@ inline bool all_zero(const float* c, index_t ldc, index_t m, index_t n) {
 }
 
 // C = act(alpha * op(A) op(B) + beta * C + bias) on `threads` threads; the caller has checked amx_gemm_active().
-// With b_packed (pack_amx_b's layout of op(B)), b, ldb and transpose_b are unused.
+// With b_packed (pack_amx_b's layout of op(B), packed for the same precision), b, ldb and transpose_b are unused.
+// With precision bfloat16 each operand is rounded to bfloat16 as it is packed, and one tile product replaces six.
 // Packing an operand whose k runs down its columns (A stored k x m, B stored n x k) takes 16 x 16 transposes, the
 // rest only shifts and masks: a product with B stored n x k and fewer rows than columns (a Dense layer's forward,
 // 64 x 784 times 784 x 128) runs as its transpose, C^T = B A^T, so that the smaller operand is the one transposed.
 inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, float alpha, const float* a,
                      index_t lda, const float* b, index_t ldb, float beta, float* c, index_t ldc, const float* bias,
-                     activation act, float slope, int threads, const bf16_bits* b_packed = nullptr) {
+                     activation act, float slope, int threads, const bf16_bits* b_packed = nullptr,
+                     product_precision precision = product_precision::single) {
   // Adding to a C that holds only zeros (a weight gradient accumulated into a freshly registered parameter's .grad;
   // after a zero_grad, dynamic mode passes beta = 0 itself) is writing it: then whole tiles go straight into C instead
   // of through a read, an add and a write of every element (the MNIST MLP's dynamic-mode step, before zero_grad was
@@ -751,6 +785,7 @@ inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, i
     g = amx_problem{false, true, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc, bias, act, slope};
     g.transposed_output = true;
   }
+  if (precision == product_precision::bfloat16) g.pieces = 1;
   amx_threaded(g, threads);
 }
 
