@@ -1,7 +1,8 @@
 // GEMM throughput: kiln's GEMM against OpenBLAS (when linked) on the MLP's shapes and 1024^3, float, on 1 and 2
 // threads, each as GFLOP/s and as a percentage of this machine's single-core FP32 peak, which the bench measures first
 // with a register-only FMA loop. Where kiln's AMX path is active (gemm_amx.hpp), "kiln" is that path and
-// "kiln_avx512" the AVX-512 kernels alone, measured in the same run.
+// "kiln_avx512" the AVX-512 kernels alone, measured in the same run; "kiln_bf16" is kiln with its operands rounded to
+// bfloat16 (product_precision::bfloat16, policy::cpu_bf16): one tile product instead of six on AMX.
 //
 //   gemm_bench [--threads N] [--quick]
 //
@@ -185,6 +186,7 @@ int main(int argc, char** argv) {
   const bool amx = kiln::kernels::cpu::amx_gemm_active();
   std::printf("kiln's AMX path: %s\n\n", amx ? "active" : "not available on this CPU (or KILN_AMX=0)");
   if (amx) systems.push_back("kiln_avx512");
+  systems.push_back("kiln_bf16");
 #if defined(KILN_HAVE_CBLAS)
   systems.push_back("openblas");
 #endif
@@ -207,11 +209,13 @@ int main(int argc, char** argv) {
         fill(b.data(), std::size_t(b.size()), 2);
         fill(c.data(), std::size_t(c.size()), 3);
         std::function<void()> call;
-        kiln::kernels::cpu::set_amx_gemm(amx && !std::strcmp(system, "kiln"));
+        kiln::kernels::cpu::set_amx_gemm(amx && std::strcmp(system, "kiln_avx512") != 0);
         if (!std::strncmp(system, "kiln", 4)) {
-          call = [&] {
+          const auto precision = !std::strcmp(system, "kiln_bf16") ? kiln::kernels::cpu::product_precision::bfloat16
+                                                                    : kiln::kernels::cpu::product_precision::single;
+          call = [&, precision] {
             kiln::kernels::cpu::gemm<float>(s.transpose_a, s.transpose_b, s.m, s.n, s.k, 1.0f, a.data(), a_cols,
-                                            b.data(), b_cols, 0.0f, c.data(), s.n);
+                                            b.data(), b_cols, 0.0f, c.data(), s.n, {}, precision);
           };
         }
 #if defined(KILN_HAVE_CBLAS)

@@ -11,7 +11,8 @@
 // before its step and the two are timed apart, as the peers (bench/peers) time their index_select and step.
 //
 //   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|mnist_cnn|lstm|all] [--reps 5]
-//          [--data DIR] [--quick] [--batches-ready]
+//          [--data DIR] [--quick] [--batches-ready] [--precision single|bf16]
+// --precision bf16: every rung's products take bfloat16 operands (kernels::cpu::set_default_product_precision).
 // --batches-ready: mnist_mlp's batches too are assembled before timing, so that each step reads its batch from memory.
 #include <algorithm>
 #include <atomic>
@@ -226,9 +227,11 @@ bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<T
     std::printf("  %-2d %-28s %12.3f %10.3f %10.3f %12.2f %9.2fx\n", r.number, r.name, m.median_us, m.min_us,
                 m.max_us, m.allocations_per_step, ratio);
     std::printf("RESULT bench=ladder workload=%s rung=%d threads=%d step_us=%.3f mean_us=%.3f min_us=%.3f "
-                "max_us=%.3f data_us=%.2f allocs_per_step=%.2f ratio_to_above=%.3f\n",
+                "max_us=%.3f data_us=%.2f allocs_per_step=%.2f ratio_to_above=%.3f precision=%s\n",
                 name.c_str(), r.number, threads, m.median_us, m.mean_us, m.min_us, m.max_us, m.data_us,
-                m.allocations_per_step, ratio);
+                m.allocations_per_step, ratio,
+                kernels::cpu::default_product_precision() == kernels::cpu::product_precision::bfloat16 ? "bf16"
+                                                                                                          : "single");
     above = m.median_us;
   }
   if (measurements[0].data_us >= 0) {
@@ -257,9 +260,8 @@ int main(int argc, char** argv) try {
   const bool batches_ready = flags.has("--batches-ready");
   std::string only = flags.get("--workload", "all");
   set_num_threads(threads);
-  std::printf("kiln ladder: %d thread%s, median of %d repetitions; single-precision products on %s\n", threads,
-              threads == 1 ? "" : "s", reps,
-              kiln::kernels::cpu::amx_gemm_active() ? "AMX tiles (KILN_AMX=0 for AVX-512 only)" : "AVX-512/AVX2 FMAs");
+  std::printf("kiln ladder: %d thread%s, median of %d repetitions; %s\n", threads, threads == 1 ? "" : "s", reps,
+              examples::products_description().c_str());
   std::vector<std::shared_ptr<void>> keep;
   bool ok = true;
   random_generator rng(2024);

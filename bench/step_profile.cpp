@@ -112,8 +112,8 @@ int main(int argc, char** argv) try {
   if (modes != "both" && modes != "static" && modes != "dynamic")
     throw kiln::error("expected --mode static, dynamic or both, found " + modes);
   set_num_threads(threads);
-  std::printf("kiln step profile: %d thread%s; single-precision products on %s\n", threads, threads == 1 ? "" : "s",
-              kernels::cpu::amx_gemm_active() ? "AMX tiles" : "AVX-512/AVX2 FMAs");
+  std::printf("kiln step profile: %d thread%s; %s\n", threads, threads == 1 ? "" : "s",
+              examples::products_description().c_str());
   if (clip_norm > 0)
     std::printf("Adam clips the gradients' joint 2-norm to %g (inside the update's part)\n", clip_norm);
 

@@ -13,16 +13,21 @@
 #include <vector>
 
 #include "kiln/core/error.hpp"
+#include "kiln/kernels/cpu/gemm.hpp"
+#include "kiln/kernels/cpu/product_precision.hpp"
 
 namespace kiln::examples {
 
-// Reads "--name value" flags (and "--name" switches). Every example accepts --threads N. A program names the flags it
-// takes; any other "--" argument, a flag without its value, or a number that does not parse is a kiln::error that
-// says so (a mistyped "--epoch 10" would otherwise run the default silently).
+// Reads "--name value" flags (and "--name" switches). Every example accepts --threads N, and --precision single|bf16,
+// which the constructor applies to the whole program: the precision of policy::cpu's single-precision products
+// (kernels::cpu::set_default_product_precision; bf16 rounds their operands to bfloat16). A program names the other
+// flags it takes; any other "--" argument, a flag without its value, or a number that does not parse is a kiln::error
+// that says so (a mistyped "--epoch 10" would otherwise run the default silently).
 class flags {
  public:
   flags(int argc, char** argv, std::initializer_list<const char*> known) : argc_(argc), argv_(argv) {
     known_.push_back("--threads");
+    known_.push_back("--precision");
     known_.insert(known_.end(), known.begin(), known.end());
     for (int i = 1; i < argc_; ++i) {
       if (std::strncmp(argv_[i], "--", 2) != 0) continue;
@@ -33,6 +38,13 @@ class flags {
         throw kiln::error(std::string(argv_[0]) + ": unknown flag '" + argv_[i] + "'; this program takes " + list);
       }
     }
+    const std::string precision = get("--precision", "");
+    if (precision == "bf16" || precision == "bfloat16")
+      kernels::cpu::set_default_product_precision(kernels::cpu::product_precision::bfloat16);
+    else if (precision == "single" || precision == "float32")
+      kernels::cpu::set_default_product_precision(kernels::cpu::product_precision::single);
+    else if (!precision.empty())
+      throw kiln::error("--precision: expected single or bf16, found '" + precision + "'");
   }
   std::string get(const char* name, const std::string& fallback) const {
     for (int i = 1; i < argc_; ++i)
@@ -68,6 +80,16 @@ class flags {
   char** argv_;
   std::vector<const char*> known_;
 };
+
+// What policy::cpu's single-precision products run on now, for a program's first line: "single-precision products on
+// AMX tiles", "products of bfloat16 operands on AMX tiles", or the same on AVX-512/AVX2 FMAs.
+inline std::string products_description() {
+  std::string text = kernels::cpu::default_product_precision() == kernels::cpu::product_precision::bfloat16
+                         ? "products of bfloat16 operands (--precision bf16)"
+                         : "single-precision products";
+  text.append(kernels::cpu::amx_gemm_active() ? " on AMX tiles" : " on AVX-512/AVX2 FMAs");
+  return text;
+}
 
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

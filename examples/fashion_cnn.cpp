@@ -6,6 +6,7 @@
 //   Dropout 0.25 - Flatten - Dense 128 ReLU - Dropout 0.25 - Dense 10
 //
 //   fashion_cnn [--mode static|dynamic] [--epochs 5] [--shift 0] [--data DIR] [--threads N] [--seed 42] [--onnx FILE]
+//               [--precision single|bf16]
 #include <cstdio>
 
 #include "cnn_common.hpp"
@@ -41,9 +42,10 @@ int main(int argc, char** argv) try {
   set_num_threads(threads);
   auto fashion = examples::load_mnist_data(flags.get("--data", ""), "fashion-mnist");
   examples::add_channel_dim(fashion);
-  std::printf("Fashion-MNIST from %s: %lld training and %lld test images; %s mode, %d thread%s\n",
+  std::printf("Fashion-MNIST from %s: %lld training and %lld test images; %s mode, %d thread%s, %s\n",
               fashion.dir.c_str(), static_cast<long long>(fashion.train.size()),
-              static_cast<long long>(fashion.test.size()), mode.c_str(), threads, threads == 1 ? "" : "s");
+              static_cast<long long>(fashion.test.size()), mode.c_str(), threads, threads == 1 ? "" : "s",
+              examples::products_description().c_str());
   const index_t shift = flags.get_int("--shift", 0);
   data::transform_fn<float> augment = data::random_hflip{.p = 0.5f};
   if (shift > 0) augment = data::compose{data::random_shift{.pad = shift}, data::random_hflip{.p = 0.5f}};

@@ -3,9 +3,11 @@
 // bit for bit and the difference in time per step is the cost of dynamism.
 //
 //   mnist_demo [--epochs 5] [--schedule cosine|constant] [--data DIR] [--threads N] [--seed 42] [--profile]
+//              [--precision single|bf16]
 //
 // --profile times every training step part by part (kiln::step_profile through fit_options::profile) and prints
-// both modes' profiles and where dynamic mode's extra time goes.
+// both modes' profiles and where dynamic mode's extra time goes. --precision bf16 rounds every product's operands to
+// bfloat16 in both modes (kernels::cpu::set_default_product_precision).
 #include <cstdio>
 #include <iostream>
 
@@ -66,9 +68,10 @@ int main(int argc, char** argv) try {
   auto load_start = std::chrono::steady_clock::now();
   auto mnist = examples::load_mnist_data(flags.get("--data", ""));
   std::printf("kiln demo: MNIST MLP (Flatten -> Dense 128 ReLU -> Dense 10), Adam 1e-3 (%s), batch 64, %d epochs, "
-              "%d thread%s\nMNIST from %s loaded in %.2f s\n",
+              "%d thread%s, %s\nMNIST from %s loaded in %.2f s\n",
               schedule == "cosine" ? "cosine annealing per epoch" : "constant", epochs, threads,
-              threads == 1 ? "" : "s", mnist.dir.c_str(), examples::seconds_since(load_start));
+              threads == 1 ? "" : "s", examples::products_description().c_str(), mnist.dir.c_str(),
+              examples::seconds_since(load_start));
 
   examples::mnist_static_mlp net(64, seed);
   auto model = examples::mnist_dynamic_mlp(seed);

@@ -312,3 +312,21 @@ TEST_CASE("policy::cpu_bf16 runs convolutions and recurrent layers in both modes
     }
   }
 }
+
+TEST_CASE("set_default_product_precision switches policy::cpu to bfloat16 operands and back") {
+  random_generator rng(12);
+  Tensor<float> x(shape{64, 784});
+  Tensor<std::int64_t> y(shape{64});
+  for (auto& v : x.span()) v = rng.uniform<float>(0.0f, 1.0f);
+  for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(10));
+  REQUIRE(kernels::cpu::default_product_precision() == product_precision::single);
+  const auto single = static_mlp_losses<policy::cpu>(x, y, 3);
+  kernels::cpu::set_default_product_precision(bf16);
+  const auto switched = static_mlp_losses<policy::cpu>(x, y, 3);
+  kernels::cpu::set_default_product_precision(product_precision::single);
+  const auto fixed_in_type = static_mlp_losses<policy::cpu_bf16>(x, y, 3);
+  const auto back = static_mlp_losses<policy::cpu>(x, y, 3);
+  CHECK(switched == fixed_in_type);
+  CHECK(back == single);
+  CHECK(switched != single);
+}

@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""PyTorch peers: pytorch_tutorial, pytorch_preloaded, pytorch_compile.
+"""PyTorch peers: pytorch_tutorial, pytorch_preloaded, pytorch_compile, pytorch_autocast_bf16.
+
+pytorch_autocast_bf16 is pytorch_preloaded with the forward under torch.autocast("cpu", dtype=torch.bfloat16), the
+way PyTorch trains in bfloat16 on a CPU: the counterpart of kiln's --precision bf16 (bench/report puts the two side
+by side, apart from the single-precision table).
 
 Runs with whatever torch the interpreter has: /usr/bin/python3 (Debian's python3-torch 1.13) or
 bench/peers/.venv/bin/python (current torch from PyPI). See README.md.
@@ -11,7 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
-SYSTEMS = ["pytorch_tutorial", "pytorch_preloaded", "pytorch_compile"]
+SYSTEMS = ["pytorch_tutorial", "pytorch_preloaded", "pytorch_compile", "pytorch_autocast_bf16"]
 args = C.parse_args(SYSTEMS, __doc__)
 C.set_thread_env(args.threads)
 
@@ -76,7 +80,22 @@ def build(workload):
     return nn.Sequential(*layers)
 
 
+class AutocastBf16(nn.Module):
+    """The model's forward under CPU autocast to bfloat16 (matrix products and convolutions in bfloat16), its output
+    back in float for the loss; the parameters and the optimizer stay float."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.model(x).float()
+
+
 def maybe_compile(system, model):
+    if system == "pytorch_autocast_bf16":
+        return AutocastBf16(model)
     if system != "pytorch_compile":
         return model
     return torch.compile(model)

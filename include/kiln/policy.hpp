@@ -21,7 +21,8 @@
 
 namespace kiln::policy {
 
-// kiln's own CPU kernels, including its blocked, vectorised GEMM.
+// kiln's own CPU kernels, including its blocked, vectorised GEMM. Its single-precision products take the precision
+// set by kernels::cpu::set_default_product_precision (single unless set; see policy::cpu_bf16).
 struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::reduce_kernels,
              kernels::cpu::softmax_kernels,
@@ -51,7 +52,8 @@ struct cpu : kernels::cpu::elementwise_kernels,
   static void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,
                    index_t lda, const T* b, index_t ldb, T beta, T* c, index_t ldc,
                    const kernels::cpu::epilogue<T>& ep = {}) {
-    kernels::cpu::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep);
+    kernels::cpu::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep,
+                       kernels::cpu::default_product_precision());
   }
 
   // A right-hand side that many products use in turn (a recurrent layer's W_hh, at every time step), packed once into
@@ -59,14 +61,15 @@ struct cpu : kernels::cpu::elementwise_kernels,
   template <class T>
   static const T* prepack_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb) {
     T* packed = kernels::cpu::packed_gemm_b_scratch<T>(k, n);
-    kernels::cpu::pack_gemm_b(transpose_b, k, n, b, ldb, packed);
+    kernels::cpu::pack_gemm_b(transpose_b, k, n, b, ldb, packed, kernels::cpu::default_product_precision());
     return packed;
   }
   // gemm with op(B) from prepack_b: the same bits as gemm on B itself.
   template <class T>
   static void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
                                const T* b_packed, T beta, T* c, index_t ldc, const kernels::cpu::epilogue<T>& ep = {}) {
-    kernels::cpu::gemm_prepacked_b(transpose_a, m, n, k, alpha, a, lda, b_packed, beta, c, ldc, ep);
+    kernels::cpu::gemm_prepacked_b(transpose_a, m, n, k, alpha, a, lda, b_packed, beta, c, ldc, ep,
+                                   kernels::cpu::default_product_precision());
   }
 
   // Runs body(begin, end) over slices of a batch whose rows stay independent through a whole job (a recurrent
@@ -97,10 +100,11 @@ struct cpu : kernels::cpu::elementwise_kernels,
 
 // policy::cpu with every single-precision matrix product (Dense, Conv2D, the recurrent layers' gates, both modes)
 // taking its operands rounded to bfloat16 and keeping its sums in float: torch.set_float32_matmul_precision("medium")
-// for kiln's CPU kernels. Everything else (activations, losses, the optimizers' updates, the parameters themselves)
-// stays float. On CPUs with AMX a product then takes one tile product where float operands take six; elsewhere the
-// rounded operands run through the float kernels, the same arithmetic at no gain in speed. Products in double are
-// unchanged. Errors grow from float's 1e-7 to bfloat16's 4e-3 per operand, relative.
+// for kiln's CPU kernels, fixed in the type (policy::cpu takes the same from set_default_product_precision).
+// Everything else (activations, losses, the optimizers' updates, the parameters themselves) stays float. On CPUs with
+// AMX a product then takes one tile product where float operands take six; elsewhere the rounded operands run
+// through the float kernels, the same arithmetic at no gain in speed. Products in double are unchanged. Each operand
+// carries bfloat16's relative error (up to 2^-9, 0.2%) instead of float's (2^-24).
 struct cpu_bf16 : cpu {
   static constexpr const char* name = "cpu_bf16";
   static constexpr auto precision = kernels::cpu::product_precision::bfloat16;

@@ -522,7 +522,8 @@ void pack_gemm_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb
   if constexpr (std::is_same_v<T, float>) {
     if (packed_amx_b_elements<T>(k, n) > 0 && amx_gemm_active())
       amx_detail::pack_amx_b(transpose_b, k, n, b, ldb,
-                             reinterpret_cast<amx_detail::bf16_bits*>(packed + k * round_up(n, index_t(nr))), precision);
+                             reinterpret_cast<amx_detail::bf16_bits*>(packed + k * round_up(n, index_t(nr))),
+                             precision);
   }
 #endif
 }

@@ -148,11 +148,13 @@ KILN_ALWAYS_INLINE split_floats split_pieces(__m512 x) {
   return {{hi, mid, lo}};
 }
 
-// The pieces that a product of `pieces` pieces per operand multiplies: all three (single precision), or, for
-// bfloat16 operands (pieces = 1), hi alone holding x rounded to bfloat16 as round_to_bfloat16 rounds it (to nearest,
-// ties to even; a NaN stays a quiet NaN), mid and lo zero.
-KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x, int pieces) {
-  if (pieces == 3) return split_pieces(x);
+// The pieces that a product of Pieces pieces per operand multiplies: all three (single precision), or, for bfloat16
+// operands (Pieces = 1), hi alone holding x rounded to bfloat16 as round_to_bfloat16 rounds it (to nearest, ties to
+// even; a NaN stays a quiet NaN), mid and lo zero. (A template argument: with a run-time count the packing loops no
+// longer unrolled, and the MNIST MLP's forward product lost a quarter of its speed.)
+template <int Pieces>
+KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x) {
+  if constexpr (Pieces == 3) return split_pieces(x);
   constexpr __mmask16 all16 = 0xFFFF;
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lowest_kept = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, bits, 16), _mm512_set1_epi32(1));
@@ -216,40 +218,41 @@ KILN_ALWAYS_INLINE __mmask16 first_lanes(index_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
 }
 
-// 32 consecutive floats of k at p (the first `count` real, zeros after them), split into `pieces` pieces.
-KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, int pieces, split_floats& first,
-                                       split_floats& second) {
-  first = operand_pieces(_mm512_maskz_loadu_ps(first_lanes(count), p), pieces);
-  second = operand_pieces(_mm512_maskz_loadu_ps(first_lanes(count - 16), p + 16), pieces);
+// 32 consecutive floats of k at p (the first `count` real, zeros after them), split into Pieces pieces.
+template <int Pieces>
+KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, split_floats& first, split_floats& second) {
+  first = operand_pieces<Pieces>(_mm512_maskz_loadu_ps(first_lanes(count), p));
+  second = operand_pieces<Pieces>(_mm512_maskz_loadu_ps(first_lanes(count - 16), p + 16));
 }
 
 // The three A tiles (hi, mid, lo at dst, dst + 512, dst + 1024) of `rows` rows of 32 values of k, the first `depth`
-// real, at a with stride lda; zero-padded to 16 x 32. With pieces = 1 (bfloat16 operands), the hi tile alone.
-inline void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, int pieces, bf16_bits* dst) {
+// real, at a with stride lda; zero-padded to 16 x 32. With Pieces = 1 (bfloat16 operands), the hi tile alone.
+template <int Pieces>
+void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_bits* dst) {
   for (index_t r = 0; r < tile_rows; ++r) {
     split_floats first, second;
     if (r < rows) {
-      load_split_run(a + r * lda, depth, pieces, first, second);
+      load_split_run<Pieces>(a + r * lda, depth, first, second);
     } else {
       first = second = split_pieces(_mm512_setzero_ps());
     }
-    for (int q = 0; q < pieces; ++q)
+    for (int q = 0; q < Pieces; ++q)
       _mm512_storeu_si512(dst + q * tile_values + r * 32, consecutive_words(first.piece[q], second.piece[q]));
   }
 }
 
 // The three VNNI B tiles of `depth` rows of k (up to 32) of `cols` columns (up to 16) at b with stride ldb;
-// zero-padded to 32 x 16. Two rows of k give one tile row. With pieces = 1, the hi tile alone.
-inline void pack_b_rows(const float* b, index_t ldb, index_t depth, index_t cols, int pieces, bf16_bits* dst) {
+// zero-padded to 32 x 16. Two rows of k give one tile row. With Pieces = 1, the hi tile alone.
+template <int Pieces>
+void pack_b_rows(const float* b, index_t ldb, index_t depth, index_t cols, bf16_bits* dst) {
   const __mmask16 columns = first_lanes(cols);
   for (index_t d = 0; d < tile_rows; ++d) {
     const index_t p = 2 * d;
     const split_floats even =
-        operand_pieces(p < depth ? _mm512_maskz_loadu_ps(columns, b + p * ldb) : _mm512_setzero_ps(), pieces);
+        operand_pieces<Pieces>(p < depth ? _mm512_maskz_loadu_ps(columns, b + p * ldb) : _mm512_setzero_ps());
     const split_floats odd =
-        operand_pieces(p + 1 < depth ? _mm512_maskz_loadu_ps(columns, b + (p + 1) * ldb) : _mm512_setzero_ps(),
-                       pieces);
-    for (int q = 0; q < pieces; ++q)
+        operand_pieces<Pieces>(p + 1 < depth ? _mm512_maskz_loadu_ps(columns, b + (p + 1) * ldb) : _mm512_setzero_ps());
+    for (int q = 0; q < Pieces; ++q)
       _mm512_storeu_si512(dst + q * tile_values + d * 32, pair_words(even.piece[q], odd.piece[q]));
   }
 }
@@ -274,28 +277,30 @@ inline void transpose_block(const float* from, index_t ld, index_t rows, index_t
 
 // The three tiles of op(A)'s rows [i0, i0 + rows) and k values [p0, p0 + depth), zero-padded to 16 x 32. A stored
 // m x k (untransposed) has op(A)'s rows along k; stored k x m, a 32 x 16 block of it is transposed first.
-inline void pack_a_chunk(bool transpose_a, const float* a, index_t lda, index_t i0, index_t rows, index_t p0,
-                         index_t depth, int pieces, bf16_bits* dst) {
+template <int Pieces>
+void pack_a_chunk(bool transpose_a, const float* a, index_t lda, index_t i0, index_t rows, index_t p0, index_t depth,
+                  bf16_bits* dst) {
   if (!transpose_a) {
-    pack_a_rows(a + i0 * lda + p0, lda, rows, depth, pieces, dst);
+    pack_a_rows<Pieces>(a + i0 * lda + p0, lda, rows, depth, dst);
     return;
   }
   alignas(64) float rows_along_k[16 * 32];
   transpose_block(a + p0 * lda + i0, lda, depth, rows, 16, 32, rows_along_k);
-  pack_a_rows(rows_along_k, 32, 16, 32, pieces, dst);
+  pack_a_rows<Pieces>(rows_along_k, 32, 16, 32, dst);
 }
 
 // The three VNNI tiles of op(B)'s k values [p0, p0 + depth) and columns [j0, j0 + cols), zero-padded to 32 x 16.
 // B stored k x n (untransposed) has op(B)'s rows along n; stored n x k, a 16 x 32 block of it is transposed first.
-inline void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t p0, index_t depth, index_t j0,
-                         index_t cols, int pieces, bf16_bits* dst) {
+template <int Pieces>
+void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t p0, index_t depth, index_t j0, index_t cols,
+                  bf16_bits* dst) {
   if (!transpose_b) {
-    pack_b_rows(b + p0 * ldb + j0, ldb, depth, cols, pieces, dst);
+    pack_b_rows<Pieces>(b + p0 * ldb + j0, ldb, depth, cols, dst);
     return;
   }
   alignas(64) float columns_along_n[32 * 16];
   transpose_block(b + j0 * ldb + p0, ldb, cols, depth, 32, 16, columns_along_n);
-  pack_b_rows(columns_along_n, 16, 32, 16, pieces, dst);
+  pack_b_rows<Pieces>(columns_along_n, 16, 32, 16, dst);
 }
 
 // The register blocking: 2 x 2 C tiles (0-3), two A row tiles (4, 5) and two B column tiles (6, 7). A tile product
@@ -495,16 +500,25 @@ inline index_t packed_amx_b_size(index_t k, index_t n) {
 // Packs op(B)'s chunks [cb, cb + depth) of `tiles` column tiles from column j0 (columns below n real): tile t's
 // chunk cb + c at dst + (t * tile_chunks + c) * chunk_values. All of k with tile_chunks = all chunks is the layout of
 // a B packed whole (packed_chunk_offset); one k block with tile_chunks = depth, a block's.
-inline void pack_b_tiles(bool transpose_b, const float* b, index_t ldb, index_t k, index_t n, index_t j0,
-                         index_t tiles, index_t cb, index_t depth, index_t tile_chunks, int pieces, bf16_bits* dst) {
+// Pieces per operand: 3, or 1 for bfloat16 operands.
+template <int Pieces>
+void pack_b_tiles(bool transpose_b, const float* b, index_t ldb, index_t k, index_t n, index_t j0, index_t tiles,
+                  index_t cb, index_t depth, index_t tile_chunks, bf16_bits* dst) {
   for (index_t t = 0; t < tiles; ++t) {
     const index_t j = j0 + t * tile_rows;
     for (index_t c = 0; c < depth; ++c) {
       const index_t p = (cb + c) * chunk_depth;
-      pack_b_chunk(transpose_b, b, ldb, p, std::min(chunk_depth, k - p), j, std::min(tile_rows, n - j), pieces,
-                   dst + (t * tile_chunks + c) * chunk_values);
+      pack_b_chunk<Pieces>(transpose_b, b, ldb, p, std::min(chunk_depth, k - p), j, std::min(tile_rows, n - j),
+                           dst + (t * tile_chunks + c) * chunk_values);
     }
   }
+}
+inline void pack_b_tiles(bool transpose_b, const float* b, index_t ldb, index_t k, index_t n, index_t j0,
+                         index_t tiles, index_t cb, index_t depth, index_t tile_chunks, int pieces, bf16_bits* dst) {
+  if (pieces == 1)
+    pack_b_tiles<1>(transpose_b, b, ldb, k, n, j0, tiles, cb, depth, tile_chunks, dst);
+  else
+    pack_b_tiles<3>(transpose_b, b, ldb, k, n, j0, tiles, cb, depth, tile_chunks, dst);
 }
 
 // Packs all of op(B) (k x n) for amx_gemm's b_packed: column tile after column tile, each with all of k's chunks.
@@ -545,8 +559,12 @@ inline void pack_a_group(const amx_problem& g, index_t i, index_t i1, int rows_i
     const index_t row = i + r * tile_rows;
     for (index_t c = 0; c < depth; ++c) {
       const index_t p = (cb + c) * chunk_depth;
-      pack_a_chunk(g.transpose_a, g.a, g.lda, row, std::min(tile_rows, i1 - row), p, std::min(chunk_depth, g.k - p),
-                   g.pieces, a_group + (r * depth + c) * chunk_values);
+      const index_t rows = std::min(tile_rows, i1 - row), chunk = std::min(chunk_depth, g.k - p);
+      bf16_bits* dst = a_group + (r * depth + c) * chunk_values;
+      if (g.pieces == 1)
+        pack_a_chunk<1>(g.transpose_a, g.a, g.lda, row, rows, p, chunk, dst);
+      else
+        pack_a_chunk<3>(g.transpose_a, g.a, g.lda, row, rows, p, chunk, dst);
     }
   }
 }

@@ -2,11 +2,15 @@
 // bfloat16 with the sums kept in float, which is what torch.set_float32_matmul_precision("medium") allows PyTorch's
 // CPU products and what policy::cpu_bf16 asks of every product kiln runs. On CPUs with AMX, bfloat16 operands take
 // one tile product where float operands take six (gemm_amx.hpp); elsewhere the rounded operands go through the float
-// kernels, the same arithmetic at no gain.
+// kernels, the same arithmetic at no gain. policy::cpu takes the precision set by set_default_product_precision (single
+// unless set), so that one switch, or KILN_PRODUCT_PRECISION=bfloat16 in the environment, changes a whole program.
 #pragma once
 
+#include <atomic>
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kiln/core/config.hpp"
 
@@ -17,6 +21,31 @@ enum class product_precision {
   single,    // float operands as they are
   bfloat16,  // each operand rounded to bfloat16 (to nearest, ties to even) before it is multiplied; float sums
 };
+
+namespace product_precision_detail {
+// policy::cpu's precision: set_default_product_precision, initialised from KILN_PRODUCT_PRECISION ("bfloat16" or
+// "bf16" ask for bfloat16 operands; anything else, or nothing, is single precision).
+inline std::atomic<product_precision>& default_precision() {
+  static std::atomic<product_precision> precision{[] {
+    const char* env = std::getenv("KILN_PRODUCT_PRECISION");
+    const bool bf16 = env && (std::strcmp(env, "bfloat16") == 0 || std::strcmp(env, "bf16") == 0);
+    return bf16 ? product_precision::bfloat16 : product_precision::single;
+  }()};
+  return precision;
+}
+}  // namespace product_precision_detail
+
+// Sets the precision of policy::cpu's single-precision products from now on, in both modes, as PyTorch's global
+// torch.set_float32_matmul_precision does ("highest" is single, "medium" bfloat16). policy::cpu_bf16 always takes
+// bfloat16 operands. Set it between steps, not while a product runs: a layer that packs an operand once (a recurrent
+// layer's W_hh) packs it for the precision of the moment.
+inline void set_default_product_precision(product_precision precision) {
+  product_precision_detail::default_precision().store(precision, std::memory_order_relaxed);
+}
+// The precision policy::cpu's products now take (single unless set, or asked for by KILN_PRODUCT_PRECISION).
+inline product_precision default_product_precision() {
+  return product_precision_detail::default_precision().load(std::memory_order_relaxed);
+}
 
 // x rounded to the nearest bfloat16 (ties to even), returned as the float of equal value: 8 significant bits, the
 // float's exponent range. Infinities stay, finite values beyond bfloat16's largest round to infinity as IEEE
