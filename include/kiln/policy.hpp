@@ -98,13 +98,13 @@ struct cpu : kernels::cpu::elementwise_kernels,
   }
 };
 
-// policy::cpu with every single-precision matrix product (Dense, Conv2D, the recurrent layers' gates, both modes)
-// taking its operands rounded to bfloat16 and keeping its sums in float: torch.set_float32_matmul_precision("medium")
-// for kiln's CPU kernels, fixed in the type (policy::cpu takes the same from set_default_product_precision).
-// Everything else (activations, losses, the optimizers' updates, the parameters themselves) stays float. On CPUs with
-// AMX a product then takes one tile product where float operands take six; elsewhere the rounded operands run
-// through the float kernels, the same arithmetic at no gain in speed. Products in double are unchanged. Each operand
-// carries bfloat16's relative error (up to 2^-9, 0.2%) instead of float's (2^-24).
+// policy::cpu with bfloat16 allowed in its single-precision products, as torch.set_float32_matmul_precision("medium")
+// allows PyTorch's: every product that runs on AMX tiles (Dense, Conv2D, the recurrent layers' gates, in both modes)
+// rounds its operands to bfloat16 and keeps its sums in float, one tile product where float operands take six.
+// Smaller products, and all of them on CPUs without AMX, stay single precision (product_precision.hpp). Everything
+// else (activations, losses, the optimizers' updates, the parameters themselves) stays float. An operand rounded to
+// bfloat16 carries a relative error of up to 2^-9 (0.2%) instead of float's 2^-24. policy::cpu takes the same
+// arithmetic from set_default_product_precision; this type fixes it for one model.
 struct cpu_bf16 : cpu {
   static constexpr const char* name = "cpu_bf16";
   static constexpr auto precision = kernels::cpu::product_precision::bfloat16;

@@ -451,23 +451,6 @@ gemm_route route_of(bool transpose_a, bool transpose_b, index_t m, index_t n, in
 #endif
   return gemm_route::blocked;
 }
-
-// A rows x cols operand (row stride ld) rounded to bfloat16 into `scratch`, rows packed tight (stride cols): the
-// float kernels multiply such copies where a product of bfloat16 operands does not run on AMX tiles. Products of
-// bfloat16 values are exact in float, so that is the tiles' arithmetic, its sums in another order.
-inline const float* rounded_operand(const float* x, index_t ld, index_t rows, index_t cols, gemm_scratch& scratch) {
-  auto* copy = static_cast<float*>(scratch.reserve(static_cast<std::size_t>(rows * cols) * sizeof(float)));
-  round_block_to_bfloat16(x, ld, rows, cols, copy, cols);
-  return copy;
-}
-inline gemm_scratch& rounded_a_scratch() {
-  static thread_local gemm_scratch scratch;
-  return scratch;
-}
-inline gemm_scratch& rounded_b_scratch() {
-  static thread_local gemm_scratch scratch;
-  return scratch;
-}
 }  // namespace gemm_detail
 
 namespace gemm_detail {
@@ -497,18 +480,11 @@ index_t packed_gemm_b_size(index_t k, index_t n) {
 // layer's W_hh, once per time step) is then packed once instead of once per product. Where the AMX path is active
 // (gemm_amx.hpp), op(B) is packed a second time after that, in the AMX path's layout, so that gemm_prepacked_b can
 // take whichever path gemm would take for the same product. (Pack after set_amx_gemm, not before.) With precision
-// bfloat16, B is packed rounded, for gemm_prepacked_b with the same precision.
+// bfloat16, the AMX layout holds B rounded, for gemm_prepacked_b with the same precision.
 template <class T>
 void pack_gemm_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb, T* packed,
-                 product_precision precision = product_precision::single) {
+                 [[maybe_unused]] product_precision precision = product_precision::single) {
   using namespace gemm_detail;
-  if constexpr (std::is_same_v<T, float>) {
-    if (precision == product_precision::bfloat16 && k > 0) {
-      const index_t rows = transpose_b ? n : k, cols = transpose_b ? k : n;
-      b = rounded_operand(b, ldb, rows, cols, rounded_b_scratch());
-      ldb = cols;
-    }
-  }
   constexpr int nr = register_block<T>::nr;
   const index_t kc_max = k_block_depth<T>(k);
   const gemm_problem<T> g{false, transpose_b, 0, n, k, T(1), nullptr, 0, b, ldb, T(0), nullptr, 0, nullptr};
@@ -539,27 +515,15 @@ T* packed_gemm_b_scratch(index_t k, index_t n) {
 // op(A) is m x k, op(B) is k x n, C is m x n; all row-major with leading dimensions lda, ldb, ldc.
 // beta == 0 overwrites C without reading it (C may hold NaN). Deterministic: every element's sum over k runs in
 // the same order whatever the thread count; that order depends on the shape and layout alone (one FMA chain per
-// element, or, for narrow products, one per phase: see gemm_narrow.hpp). With precision bfloat16 (float only), both
-// operands are rounded to bfloat16 before they are multiplied (product_precision.hpp).
+// element, or, for narrow products, one per phase: see gemm_narrow.hpp). With precision bfloat16 (float only), a
+// product that runs on AMX tiles rounds both operands to bfloat16 first (product_precision.hpp).
 template <class T>
 void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
           const T* b, index_t ldb, T beta, T* c, index_t ldc, const epilogue<T>& ep = {},
-          product_precision precision = product_precision::single) {
+          [[maybe_unused]] product_precision precision = product_precision::single) {
   using gemm_detail::gemm_route;
   if (m <= 0 || n <= 0) return;
   const gemm_route route = gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, ldc);
-  if constexpr (std::is_same_v<T, float>) {
-    if (precision == product_precision::bfloat16 && k > 0 && route != gemm_route::amx) {
-      // The float kernels on rounded copies; route_of does not look at lda and ldb, so they take the same route.
-      const float* a_rounded = gemm_detail::rounded_operand(a, lda, transpose_a ? k : m, transpose_a ? m : k,
-                                                            gemm_detail::rounded_a_scratch());
-      const float* b_rounded = gemm_detail::rounded_operand(b, ldb, transpose_b ? n : k, transpose_b ? k : n,
-                                                            gemm_detail::rounded_b_scratch());
-      gemm(transpose_a, transpose_b, m, n, k, alpha, a_rounded, transpose_a ? m : k, b_rounded, transpose_b ? k : n,
-           beta, c, ldc, ep);
-      return;
-    }
-  }
   const gemm_detail::gemm_problem<T> g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &ep};
   switch (route) {
     case gemm_route::direct: gemm_detail::gemm_direct(g); return;
@@ -583,11 +547,11 @@ void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T
 // gemm with op(B) prepacked by pack_gemm_b (b_packed; b and ldb are then unused). The same bits as gemm on the
 // unpacked B for every product that gemm runs blocked or on AMX: all but the tiny ones below direct_max_work
 // multiply-adds and the narrow ones (gemm_narrow.hpp), which this runs blocked too. B must have been packed with the
-// same precision.
+// same precision (which, as in gemm, rounds the operands of the products that run on AMX tiles).
 template <class T>
 void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
                       const T* b_packed, T beta, T* c, index_t ldc, const epilogue<T>& ep = {},
-                      product_precision precision = product_precision::single) {
+                      [[maybe_unused]] product_precision precision = product_precision::single) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {  // C = act(beta C + bias): B is not read, so any valid pointer stands in for it
     gemm(transpose_a, false, m, n, k, alpha, a, lda, c, ldc, beta, c, ldc, ep);
@@ -605,13 +569,6 @@ void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha
     }
   }
 #endif
-  if constexpr (std::is_same_v<T, float>) {
-    if (precision == product_precision::bfloat16) {  // B was packed rounded; A is rounded here
-      a = gemm_detail::rounded_operand(a, lda, transpose_a ? k : m, transpose_a ? m : k,
-                                       gemm_detail::rounded_a_scratch());
-      lda = transpose_a ? m : k;
-    }
-  }
   gemm_detail::gemm_problem<T> g{transpose_a, false, m, n, k, alpha, a, lda, nullptr, 0, beta, c, ldc, &ep};
   g.b_packed = b_packed;
   gemm_detail::gemm_threaded(g);

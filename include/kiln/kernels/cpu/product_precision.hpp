@@ -1,9 +1,11 @@
-// The arithmetic of a single-precision matrix product: exact float operands (the default), or operands rounded to
-// bfloat16 with the sums kept in float, which is what torch.set_float32_matmul_precision("medium") allows PyTorch's
-// CPU products and what policy::cpu_bf16 asks of every product kiln runs. On CPUs with AMX, bfloat16 operands take
-// one tile product where float operands take six (gemm_amx.hpp); elsewhere the rounded operands go through the float
-// kernels, the same arithmetic at no gain. policy::cpu takes the precision set by set_default_product_precision (single
-// unless set), so that one switch, or KILN_PRODUCT_PRECISION=bfloat16 in the environment, changes a whole program.
+// The arithmetic of a single-precision matrix product: exact float operands (the default), or, where bfloat16 pays,
+// operands rounded to bfloat16 with the sums kept in float. That is what torch.set_float32_matmul_precision("medium")
+// allows PyTorch's products: bfloat16 where the hardware makes it faster, single precision elsewhere. kiln's products
+// that run on AMX tiles (gemm_amx.hpp: Sapphire Rapids and later, products of at least 16 rows with n * k >= 128^2)
+// then take one tile product where float operands take six; smaller products, and every product on CPUs without AMX,
+// stay single precision, since rounding their operands would only add work. policy::cpu takes the precision set by
+// set_default_product_precision (single unless set), so that one switch, or KILN_PRODUCT_PRECISION=bfloat16 in the
+// environment, changes a whole program; policy::cpu_bf16 fixes bfloat16 in the type.
 #pragma once
 
 #include <atomic>
@@ -19,7 +21,7 @@ namespace kiln::kernels::cpu {
 // How a single-precision product treats its operands (products in double are always exact).
 enum class product_precision {
   single,    // float operands as they are
-  bfloat16,  // each operand rounded to bfloat16 (to nearest, ties to even) before it is multiplied; float sums
+  bfloat16,  // on AMX tiles, each operand rounded to bfloat16 (to nearest, ties to even); float sums
 };
 
 namespace product_precision_detail {
@@ -55,16 +57,6 @@ inline float round_to_bfloat16(float x) {
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return std::bit_cast<float>((bits | 0x00400000u) & 0xFFFF0000u);
   bits += 0x7FFFu + ((bits >> 16) & 1u);
   return std::bit_cast<float>(bits & 0xFFFF0000u);
-}
-
-// to = from rounded to bfloat16, for a rows x cols block of floats (row strides ld_from, ld_to).
-inline void round_block_to_bfloat16(const float* from, index_t ld_from, index_t rows, index_t cols,
-                                    float* KILN_RESTRICT to, index_t ld_to) {
-  for (index_t r = 0; r < rows; ++r) {
-    const float* src = from + r * ld_from;
-    float* dst = to + r * ld_to;
-    for (index_t c = 0; c < cols; ++c) dst[c] = round_to_bfloat16(src[c]);
-  }
 }
 
 }  // namespace kiln::kernels::cpu
