@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/threads.hpp"
@@ -100,6 +101,33 @@ std::vector<float> static_mlp_losses(const Tensor<float>& x, const Tensor<std::i
     for (const auto& [name, tensor] : net.state_dict())
       trained->insert(trained->end(), tensor.data(), tensor.data() + tensor.numel());
   return losses;
+}
+
+// Normal inputs of the given shape and uniform labels below `classes`.
+std::pair<Tensor<float>, Tensor<std::int64_t>> random_batch(shape s, std::uint64_t classes, random_generator& rng) {
+  Tensor<float> x(s);
+  Tensor<std::int64_t> y(shape{s[0]});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(classes));
+  return {std::move(x), std::move(y)};
+}
+
+// `steps` Adam steps of the static `net` and of the dynamic `model` (the same weights) on one batch: equal losses.
+template <class Net>
+void check_same_losses(Net& net, nn::Sequential& model,
+                       const std::pair<Tensor<float>, Tensor<std::int64_t>>& batch, int steps) {
+  const auto& [x, y] = batch;
+  optim::Adam static_opt({.lr = 1e-3});
+  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-3});
+  nn::Variable input(x);
+  for (int step = 0; step < steps; ++step) {
+    const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
+    dynamic_opt.zero_grad();
+    auto l = nn::cross_entropy(model(input), y);
+    l.backward();
+    dynamic_opt.step();
+    CHECK(s == l.item());
+  }
 }
 
 }  // namespace
@@ -272,46 +300,18 @@ TEST_CASE("policy::cpu_bf16 runs convolutions and recurrent layers in both modes
     using Net = Sequential<policy::cpu_bf16, Input<3, 16, 16>, Conv2D<32, 3, conv_options{.padding = 1}>, ReLU,
                            MaxPool2D<2>, Flatten, Dense<10>>;
     Net net(16, 4);
+    net.set_options({.flat_parameters = false});  // one slot per tensor in both modes (see test_cnn_layers)
     manual_seed(4);
     nn::Sequential model(nn::Conv2d(3, 32, 3, 1, 1), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(),
                          nn::Linear(32 * 8 * 8, 10));
-    Tensor<float> x(shape{16, 3, 16, 16});
-    Tensor<std::int64_t> y(shape{16});
-    for (auto& v : x.span()) v = rng.normal<float>();
-    for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(10));
-    optim::Adam static_opt({.lr = 1e-3});
-    optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-3});
-    net.set_options({.flat_parameters = false});  // one slot per tensor in both modes (see test_cnn_layers)
-    nn::Variable input(x);
-    for (int step = 0; step < 3; ++step) {
-      const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
-      dynamic_opt.zero_grad();
-      auto l = nn::cross_entropy(model(input), y);
-      l.backward();
-      dynamic_opt.step();
-      CHECK(s == l.item());
-    }
+    check_same_losses(net, model, random_batch(shape{16, 3, 16, 16}, 10, rng), 3);
   }
   SUBCASE("LSTM") {
     using Net = Sequential<policy::cpu_bf16, Input<12, 32>, FinalState<LSTM<96>>, Dense<5>>;
     Net net(32, 6);
     manual_seed(6);
     nn::Sequential model(nn::FinalState(nn::LSTM(32, 96, {.batch_first = true})), nn::Linear(96, 5));
-    Tensor<float> x(shape{32, 12, 32});
-    Tensor<std::int64_t> y(shape{32});
-    for (auto& v : x.span()) v = rng.normal<float>();
-    for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(5));
-    optim::Adam static_opt({.lr = 1e-3});
-    optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-3});
-    nn::Variable input(x);
-    for (int step = 0; step < 3; ++step) {
-      const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
-      dynamic_opt.zero_grad();
-      auto l = nn::cross_entropy(model(input), y);
-      l.backward();
-      dynamic_opt.step();
-      CHECK(s == l.item());
-    }
+    check_same_losses(net, model, random_batch(shape{32, 12, 32}, 5, rng), 3);
   }
 }
 
