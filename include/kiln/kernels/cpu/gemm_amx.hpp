@@ -219,6 +219,22 @@ KILN_ALWAYS_INLINE __mmask16 first_lanes(index_t n) {
 }
 
 // 32 consecutive floats of k at p (the first `count` real, zeros after them), split into Pieces pieces.
+#if defined(__AVX512BF16__)
+// bfloat16 operands packed straight from the floats: the hardware conversion rounds to nearest with ties to even as
+// round_to_bfloat16 does, in one instruction for 32 values where rounding first took seven per 16. (It reads float
+// subnormals as zero; the tile products read bfloat16 subnormals as zero anyway, so the results are the same.)
+// 32 consecutive values of k as 32 bfloat16 values in order.
+KILN_ALWAYS_INLINE __m512i rounded_words(__m512 first, __m512 second) {
+  return (__m512i)_mm512_cvtne2ps_pbh(second, first);
+}
+// Two rows of k (even, odd) as VNNI words: (even's bfloat16) | (odd's bfloat16) << 16.
+KILN_ALWAYS_INLINE __m512i rounded_pair_words(__m512 even, __m512 odd) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+}
+#endif
+
 template <int Pieces>
 KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, split_floats& first, split_floats& second) {
   first = operand_pieces<Pieces>(_mm512_maskz_loadu_ps(first_lanes(count), p));
@@ -229,6 +245,17 @@ KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, split_floa
 // real, at a with stride lda; zero-padded to 16 x 32. With Pieces = 1 (bfloat16 operands), the hi tile alone.
 template <int Pieces>
 void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_bits* dst) {
+#if defined(__AVX512BF16__)
+  if constexpr (Pieces == 1) {
+    for (index_t r = 0; r < tile_rows; ++r) {
+      const float* row = a + r * lda;
+      const __m512 first = r < rows ? _mm512_maskz_loadu_ps(first_lanes(depth), row) : _mm512_setzero_ps();
+      const __m512 second = r < rows ? _mm512_maskz_loadu_ps(first_lanes(depth - 16), row + 16) : _mm512_setzero_ps();
+      _mm512_storeu_si512(dst + r * 32, rounded_words(first, second));
+    }
+    return;
+  }
+#endif
   for (index_t r = 0; r < tile_rows; ++r) {
     split_floats first, second;
     if (r < rows) {
@@ -246,6 +273,17 @@ void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_
 template <int Pieces>
 void pack_b_rows(const float* b, index_t ldb, index_t depth, index_t cols, bf16_bits* dst) {
   const __mmask16 columns = first_lanes(cols);
+#if defined(__AVX512BF16__)
+  if constexpr (Pieces == 1) {
+    for (index_t d = 0; d < tile_rows; ++d) {
+      const index_t p = 2 * d;
+      const __m512 even = p < depth ? _mm512_maskz_loadu_ps(columns, b + p * ldb) : _mm512_setzero_ps();
+      const __m512 odd = p + 1 < depth ? _mm512_maskz_loadu_ps(columns, b + (p + 1) * ldb) : _mm512_setzero_ps();
+      _mm512_storeu_si512(dst + d * 32, rounded_pair_words(even, odd));
+    }
+    return;
+  }
+#endif
   for (index_t d = 0; d < tile_rows; ++d) {
     const index_t p = 2 * d;
     const split_floats even =
