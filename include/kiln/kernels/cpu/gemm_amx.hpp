@@ -151,7 +151,8 @@ KILN_ALWAYS_INLINE split_floats split_pieces(__m512 x) {
 // The pieces that a product of Pieces pieces per operand multiplies: all three (single precision), or, for bfloat16
 // operands (Pieces = 1), hi alone holding x rounded to bfloat16 as round_to_bfloat16 rounds it (to nearest, ties to
 // even; a NaN stays a quiet NaN), mid and lo zero. (A template argument: with a run-time count the packing loops no
-// longer unrolled, and the MNIST MLP's forward product lost a quarter of its speed.)
+// longer unrolled, and the MNIST MLP's forward product lost a quarter of its speed.) Where the CPU converts to
+// bfloat16 itself (AVX512-BF16), the packers take bfloat16 operands through rounded_words instead.
 template <int Pieces>
 KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x) {
   if constexpr (Pieces == 3) return split_pieces(x);
