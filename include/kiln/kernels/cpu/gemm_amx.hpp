@@ -152,7 +152,7 @@ KILN_ALWAYS_INLINE split_floats split_pieces(__m512 x) {
 // operands (Pieces = 1), hi alone holding x rounded to bfloat16 as round_to_bfloat16 rounds it (to nearest, ties to
 // even; a NaN stays a quiet NaN), mid and lo zero. (A template argument: with a run-time count the packing loops no
 // longer unrolled, and the MNIST MLP's forward product lost a quarter of its speed.) Where the CPU converts to
-// bfloat16 itself (AVX512-BF16), the packers take bfloat16 operands through rounded_words instead.
+// bfloat16 itself (AVX512-BF16), the packers convert bfloat16 operands straight from the floats instead.
 template <int Pieces>
 KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x) {
   if constexpr (Pieces == 3) return split_pieces(x);
@@ -219,23 +219,19 @@ KILN_ALWAYS_INLINE __mmask16 first_lanes(index_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
 }
 
-// 32 consecutive floats of k at p (the first `count` real, zeros after them), split into Pieces pieces.
 #if defined(__AVX512BF16__)
-// bfloat16 operands packed straight from the floats: the hardware conversion rounds to nearest with ties to even as
-// round_to_bfloat16 does, in one instruction for 32 values where rounding first took seven per 16. (It reads float
-// subnormals as zero; the tile products read bfloat16 subnormals as zero anyway, so the results are the same.)
-// 32 consecutive values of k as 32 bfloat16 values in order.
-KILN_ALWAYS_INLINE __m512i rounded_words(__m512 first, __m512 second) {
-  return (__m512i)_mm512_cvtne2ps_pbh(second, first);
-}
-// Two rows of k (even, odd) as VNNI words: (even's bfloat16) | (odd's bfloat16) << 16.
+// bfloat16 operands packed straight from the floats: the hardware conversion (consecutive_words' instruction) rounds
+// to nearest with ties to even as round_to_bfloat16 does, in one instruction for 32 values where rounding first took
+// seven per 16. (It reads float subnormals as zero; the tile products read bfloat16 subnormals as zero anyway, so
+// the results are the same.) Two rows of k (even, odd) as VNNI words: (even's bfloat16) | (odd's bfloat16) << 16.
 KILN_ALWAYS_INLINE __m512i rounded_pair_words(__m512 even, __m512 odd) {
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                               6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+  return _mm512_permutexvar_epi16(interleave, consecutive_words(_mm512_castps_si512(even), _mm512_castps_si512(odd)));
 }
 #endif
 
+// 32 consecutive floats of k at p (the first `count` real, zeros after them), split into Pieces pieces.
 template <int Pieces>
 KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, split_floats& first, split_floats& second) {
   first = operand_pieces<Pieces>(_mm512_maskz_loadu_ps(first_lanes(count), p));
@@ -252,7 +248,8 @@ void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_
       const float* row = a + r * lda;
       const __m512 first = r < rows ? _mm512_maskz_loadu_ps(first_lanes(depth), row) : _mm512_setzero_ps();
       const __m512 second = r < rows ? _mm512_maskz_loadu_ps(first_lanes(depth - 16), row + 16) : _mm512_setzero_ps();
-      _mm512_storeu_si512(dst + r * 32, rounded_words(first, second));
+      // (consecutive_words converts with the hardware here, which rounds floats as round_to_bfloat16 does.)
+      _mm512_storeu_si512(dst + r * 32, consecutive_words(_mm512_castps_si512(first), _mm512_castps_si512(second)));
     }
     return;
   }
