@@ -2,7 +2,8 @@
 // threads, each as GFLOP/s and as a percentage of this machine's single-core FP32 peak, which the bench measures first
 // with a register-only FMA loop. Where kiln's AMX path is active (gemm_amx.hpp), "kiln" is that path and
 // "kiln_avx512" the AVX-512 kernels alone, measured in the same run; "kiln_bf16" is kiln with its operands rounded to
-// bfloat16 (product_precision::bfloat16, policy::cpu_bf16): one tile product instead of six on AMX.
+// bfloat16 (product_precision::bfloat16, policy::cpu_bf16): one tile product instead of six on AMX; "kiln_bf16x3" with
+// each operand split into two bfloat16 values (product_precision::bfloat16x3, policy::cpu_bf16x3): three products.
 //
 //   gemm_bench [--threads N] [--quick]
 //
@@ -186,6 +187,7 @@ int main(int argc, char** argv) {
   const bool amx = kiln::kernels::cpu::amx_gemm_active();
   std::printf("kiln's AMX path: %s\n\n", amx ? "active" : "not available on this CPU (or KILN_AMX=0)");
   if (amx) systems.push_back("kiln_avx512");
+  systems.push_back("kiln_bf16x3");
   systems.push_back("kiln_bf16");
 #if defined(KILN_HAVE_CBLAS)
   systems.push_back("openblas");
@@ -211,8 +213,10 @@ int main(int argc, char** argv) {
         std::function<void()> call;
         kiln::kernels::cpu::set_amx_gemm(amx && std::strcmp(system, "kiln_avx512") != 0);
         if (!std::strncmp(system, "kiln", 4)) {
-          const auto precision = !std::strcmp(system, "kiln_bf16") ? kiln::kernels::cpu::product_precision::bfloat16
-                                                                    : kiln::kernels::cpu::product_precision::single;
+          using kiln::kernels::cpu::product_precision;
+          const auto precision = !std::strcmp(system, "kiln_bf16")     ? product_precision::bfloat16
+                                 : !std::strcmp(system, "kiln_bf16x3") ? product_precision::bfloat16x3
+                                                                       : product_precision::single;
           call = [&, precision] {
             kiln::kernels::cpu::gemm<float>(s.transpose_a, s.transpose_b, s.m, s.n, s.k, 1.0f, a.data(), a_cols,
                                             b.data(), b_cols, 0.0f, c.data(), s.n, {}, precision);
@@ -240,13 +244,13 @@ int main(int argc, char** argv) {
 
   std::printf("%-18s %-14s %-3s %-3s", "op", "MxNxK", "tA", "tB");
   for (const char* system : systems)
-    for (int threads : thread_counts) std::printf(" %10s/%dt %%peak", system, threads);
+    for (int threads : thread_counts) std::printf(" %11s/%dt %%peak", system, threads);
   std::printf("\n");
   for (const auto& s : shapes) {
     const std::string shape = std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
     std::printf("%-18s %-14s %-3s %-3s", s.what, shape.c_str(), s.transpose_a ? "T" : "N", s.transpose_b ? "T" : "N");
     for (const auto& r : results)
-      if (r.shape == shape && r.what == s.what) std::printf(" %12.1f %5.0f%%", r.gflops, 100.0 * r.gflops / peak);
+      if (r.shape == shape && r.what == s.what) std::printf(" %13.1f %5.0f%%", r.gflops, 100.0 * r.gflops / peak);
     std::printf("\n");
   }
   std::printf("(GFLOP/s; %%peak is of the single-core peak above, so 2 threads can reach 200%%)\n\n");

@@ -11,8 +11,9 @@
 // before its step and the two are timed apart, as the peers (bench/peers) time their index_select and step.
 //
 //   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|mnist_cnn|lstm|all] [--reps 5]
-//          [--data DIR] [--quick] [--batches-ready] [--precision single|bf16]
-// --precision bf16: every rung's products take bfloat16 operands (kernels::cpu::set_default_product_precision).
+//          [--data DIR] [--quick] [--batches-ready] [--precision single|bf16x3|bf16]
+// --precision bf16: every rung's products take bfloat16 operands (kernels::cpu::set_default_product_precision);
+// bf16x3: each operand as two bfloat16 values.
 // --batches-ready: mnist_mlp's batches too are assembled before timing, so that each step reads its batch from memory.
 #include <algorithm>
 #include <atomic>
@@ -230,8 +231,7 @@ bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<T
                 "max_us=%.3f data_us=%.2f allocs_per_step=%.2f ratio_to_above=%.3f precision=%s\n",
                 name.c_str(), r.number, threads, m.median_us, m.mean_us, m.min_us, m.max_us, m.data_us,
                 m.allocations_per_step, ratio,
-                kernels::cpu::default_product_precision() == kernels::cpu::product_precision::bfloat16 ? "bf16"
-                                                                                                          : "single");
+                kernels::cpu::product_precision_name(kernels::cpu::default_product_precision()));
     above = m.median_us;
   }
   if (measurements[0].data_us >= 0) {

@@ -18,9 +18,10 @@
 
 namespace kiln::examples {
 
-// Reads "--name value" flags (and "--name" switches). Every example accepts --threads N, and --precision single|bf16,
-// which the constructor applies to the whole program: the precision of policy::cpu's single-precision products
-// (kernels::cpu::set_default_product_precision; bf16 rounds their operands to bfloat16). A program names the other
+// Reads "--name value" flags (and "--name" switches). Every example accepts --threads N, and --precision
+// single|bf16x3|bf16, which the constructor applies to the whole program: the precision of policy::cpu's
+// single-precision products (kernels::cpu::set_default_product_precision; bf16 rounds their operands to bfloat16,
+// bf16x3 splits each into two bfloat16 values). A program names the other
 // flags it takes; any other "--" argument, a flag without its value, or a number that does not parse is a kiln::error
 // that says so (a mistyped "--epoch 10" would otherwise run the default silently).
 class flags {
@@ -39,12 +40,15 @@ class flags {
       }
     }
     const std::string precision = get("--precision", "");
+    using kernels::cpu::product_precision;
     if (precision == "bf16" || precision == "bfloat16")
-      kernels::cpu::set_default_product_precision(kernels::cpu::product_precision::bfloat16);
+      kernels::cpu::set_default_product_precision(product_precision::bfloat16);
+    else if (precision == "bf16x3" || precision == "bfloat16x3")
+      kernels::cpu::set_default_product_precision(product_precision::bfloat16x3);
     else if (precision == "single" || precision == "float32")
-      kernels::cpu::set_default_product_precision(kernels::cpu::product_precision::single);
+      kernels::cpu::set_default_product_precision(product_precision::single);
     else if (!precision.empty())
-      throw kiln::error("--precision: expected single or bf16, found '" + precision + "'");
+      throw kiln::error("--precision: expected single, bf16x3 or bf16, found '" + precision + "'");
   }
   std::string get(const char* name, const std::string& fallback) const {
     for (int i = 1; i < argc_; ++i)
@@ -84,9 +88,11 @@ class flags {
 // What policy::cpu's single-precision products run on now, for a program's first line: "single-precision products on
 // AMX tiles", "products of bfloat16 operands on AMX tiles", or the same on AVX-512/AVX2 FMAs.
 inline std::string products_description() {
-  std::string text = kernels::cpu::default_product_precision() == kernels::cpu::product_precision::bfloat16
-                         ? "products of bfloat16 operands (--precision bf16)"
-                         : "single-precision products";
+  using kernels::cpu::product_precision;
+  const product_precision precision = kernels::cpu::default_product_precision();
+  std::string text = precision == product_precision::bfloat16     ? "products of bfloat16 operands (--precision bf16)"
+                     : precision == product_precision::bfloat16x3 ? "products of bfloat16x3 (--precision bf16x3)"
+                                                                  : "single-precision products";
   text.append(kernels::cpu::amx_gemm_active() ? " on AMX tiles" : " on AVX-512/AVX2 FMAs");
   return text;
 }

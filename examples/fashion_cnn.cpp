@@ -6,7 +6,7 @@
 //   Dropout 0.25 - Flatten - Dense 128 ReLU - Dropout 0.25 - Dense 10
 //
 //   fashion_cnn [--mode static|dynamic] [--epochs 5] [--shift 0] [--data DIR] [--threads N] [--seed 42] [--onnx FILE]
-//               [--precision single|bf16]
+//               [--precision single|bf16x3|bf16]
 #include <cstdio>
 
 #include "cnn_common.hpp"

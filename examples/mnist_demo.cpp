@@ -3,11 +3,11 @@
 // bit for bit and the difference in time per step is the cost of dynamism.
 //
 //   mnist_demo [--epochs 5] [--schedule cosine|constant] [--data DIR] [--threads N] [--seed 42] [--profile]
-//              [--precision single|bf16]
+//              [--precision single|bf16x3|bf16]
 //
 // --profile times every training step part by part (kiln::step_profile through fit_options::profile) and prints
 // both modes' profiles and where dynamic mode's extra time goes. --precision bf16 rounds every product's operands to
-// bfloat16 in both modes (kernels::cpu::set_default_product_precision).
+// bfloat16 in both modes, bf16x3 splits each into two bfloat16 values (kernels::cpu::set_default_product_precision).
 #include <cstdio>
 #include <iostream>
 

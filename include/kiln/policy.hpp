@@ -22,7 +22,7 @@
 namespace kiln::policy {
 
 // kiln's own CPU kernels, including its blocked, vectorised GEMM. Its single-precision products take the precision
-// set by kernels::cpu::set_default_product_precision (single unless set; see policy::cpu_bf16).
+// set by kernels::cpu::set_default_product_precision (single unless set; see policy::cpu_bf16 and cpu_bf16x3).
 struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::reduce_kernels,
              kernels::cpu::softmax_kernels,
@@ -98,16 +98,11 @@ struct cpu : kernels::cpu::elementwise_kernels,
   }
 };
 
-// policy::cpu with bfloat16 allowed in its single-precision products, as torch.set_float32_matmul_precision("medium")
-// allows PyTorch's: every product that runs on AMX tiles (Dense, Conv2D, the recurrent layers' gates, in both modes)
-// rounds its operands to bfloat16 and keeps its sums in float, one tile product where float operands take six.
-// Smaller products, and all of them on CPUs without AMX, stay single precision (product_precision.hpp). Everything
-// else (activations, losses, the optimizers' updates, the parameters themselves) stays float. An operand rounded to
-// bfloat16 carries a relative error of up to 2^-9 (0.2%) instead of float's 2^-24. policy::cpu takes the same
-// arithmetic from set_default_product_precision; this type fixes it for one model.
-struct cpu_bf16 : cpu {
-  static constexpr const char* name = "cpu_bf16";
-  static constexpr auto precision = kernels::cpu::product_precision::bfloat16;
+// policy::cpu with its single-precision products fixed at one precision (product_precision.hpp) whatever
+// set_default_product_precision says: the base of cpu_bf16 and cpu_bf16x3.
+template <kernels::cpu::product_precision Precision>
+struct cpu_fixed_precision : cpu {
+  static constexpr auto precision = Precision;
 
   template <class T>
   static void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a,
@@ -126,6 +121,25 @@ struct cpu_bf16 : cpu {
                                const T* b_packed, T beta, T* c, index_t ldc, const kernels::cpu::epilogue<T>& ep = {}) {
     kernels::cpu::gemm_prepacked_b(transpose_a, m, n, k, alpha, a, lda, b_packed, beta, c, ldc, ep, precision);
   }
+};
+
+// policy::cpu with bfloat16 allowed in its single-precision products, as torch.set_float32_matmul_precision("medium")
+// allows PyTorch's: every product that runs on AMX tiles (Dense, Conv2D, the recurrent layers' gates, in both modes)
+// rounds its operands to bfloat16 and keeps its sums in float, one tile product where float operands take six.
+// Smaller products, and all of them on CPUs without AMX, stay single precision (product_precision.hpp). Everything
+// else (activations, losses, the optimizers' updates, the parameters themselves) stays float. An operand rounded to
+// bfloat16 carries a relative error of up to 2^-8 (0.4%) instead of float's 2^-24. policy::cpu takes the same
+// arithmetic from set_default_product_precision; this type fixes it for one model.
+struct cpu_bf16 : cpu_fixed_precision<kernels::cpu::product_precision::bfloat16> {
+  static constexpr const char* name = "cpu_bf16";
+};
+
+// policy::cpu with products of bfloat16x3, as torch.set_float32_matmul_precision("high") allows PyTorch's: each
+// operand of a product on AMX tiles split into two bfloat16 values, x = hi + lo (within 2^-16 of x), and
+// three tile products (hi*hi + lo*hi + hi*lo) where float operands take six. Where policy::cpu_bf16 is too coarse for
+// a model, this keeps most of float's accuracy at half its tile work.
+struct cpu_bf16x3 : cpu_fixed_precision<kernels::cpu::product_precision::bfloat16x3> {
+  static constexpr const char* name = "cpu_bf16x3";
 };
 
 #if defined(KILN_HAVE_CBLAS)

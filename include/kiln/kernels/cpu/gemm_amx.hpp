@@ -20,7 +20,10 @@
 //
 // Products of bfloat16 operands (product_precision::bfloat16, policy::cpu_bf16) round each operand to bfloat16 as it
 // is packed, keep the hi tiles alone and run the (hi, hi) product only: one tile product where float operands take
-// six, with the packing and the float sums unchanged.
+// six, with the packing and the float sums unchanged. Products of bfloat16x3 (product_precision::bfloat16x3) split each
+// operand into two pieces, x = hi + lo with hi = x rounded to bfloat16 and lo the remainder rounded (to nearest, ties
+// away from zero), and sum three
+// piece products, (hi, hi), (lo, hi) and (hi, lo): about 16 of float's 24 significant bits, at half the tile work.
 //
 // Limits: products involving an infinite value give NaN where the float product gives an infinity (the infinity's
 // remainder pieces are NaN); float subnormals are read and written as zero (AMX flushes them), as kiln's training
@@ -148,22 +151,44 @@ KILN_ALWAYS_INLINE split_floats split_pieces(__m512 x) {
   return {{hi, mid, lo}};
 }
 
-// The pieces that a product of Pieces pieces per operand multiplies: all three (single precision), or, for bfloat16
-// operands (Pieces = 1), hi alone holding x rounded to bfloat16 as round_to_bfloat16 rounds it (to nearest, ties to
-// even; a NaN stays a quiet NaN), mid and lo zero. (A template argument: with a run-time count the packing loops no
-// longer unrolled, and the MNIST MLP's forward product lost a quarter of its speed.) Where the CPU converts to
-// bfloat16 itself (AVX512-BF16), the packers convert bfloat16 operands straight from the floats instead.
-template <int Pieces>
-KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x) {
-  if constexpr (Pieces == 3) return split_pieces(x);
+// x rounded to the nearest bfloat16 (ties to even) as round_to_bfloat16 rounds it, as floats whose low 16 bits are
+// zero; a NaN stays a quiet NaN.
+KILN_ALWAYS_INLINE __m512i rounded_to_bfloat16(__m512 x) {
   constexpr __mmask16 all16 = 0xFFFF;
+#if defined(__AVX512BF16__)
+  // The hardware conversion rounds the same way (and reads float subnormals as zero, as the tiles read bfloat16
+  // ones): three instructions where the integer rounding below takes seven.
+  return _mm512_maskz_slli_epi32(all16, _mm512_maskz_cvtepu16_epi32(all16, (__m256i)_mm512_cvtneps_pbh(x)), 16);
+#else
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lowest_kept = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, bits, 16), _mm512_set1_epi32(1));
   __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lowest_kept));
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
+  return _mm512_and_si512(rounded, _mm512_set1_epi32(int(0xFFFF0000u)));
+#endif
+}
+
+// The pieces that a product of Pieces pieces per operand multiplies, first to last: all three (single precision);
+// for products of bfloat16x3 (Pieces = 2), hi = x rounded to bfloat16 and lo = the remainder x - hi (exact in float:
+// at most 16 significant bits) rounded, x = hi + lo within 2^-16 of x; for bfloat16 operands (Pieces = 1), x rounded
+// to nearest with ties to even, alone. bfloat16x3 rounds both pieces to nearest with ties away from zero, an add and
+// a mask each: the ties of hi change nothing (lo then holds the rest exactly), and the rounding to even, in hardware or
+// not, made the MNIST MLP's forward 25% slower (in the transposes' shuffle port). (A template argument: with a
+// run-time count the packing loops no longer unrolled, and the MNIST MLP's forward product lost a quarter of its
+// speed.) Where the CPU converts to bfloat16 itself (AVX512-BF16), the packers convert bfloat16 operands straight from
+// the floats instead.
+template <int Pieces>
+KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x) {
+  if constexpr (Pieces == 3) return split_pieces(x);
   const __m512i zero = _mm512_setzero_si512();
-  return {{_mm512_and_si512(rounded, _mm512_set1_epi32(int(0xFFFF0000u))), zero, zero}};
+  if constexpr (Pieces == 1) return {{rounded_to_bfloat16(x), zero, zero}};
+  const __m512i half = _mm512_set1_epi32(0x8000), high_half = _mm512_set1_epi32(int(0xFFFF0000u));
+  __m512i hi = _mm512_and_si512(_mm512_add_epi32(_mm512_castps_si512(x), half), high_half);
+  // (A NaN whose payload fills its low bits would carry into the sign bit: it is made a quiet NaN by hand.)
+  hi = _mm512_mask_mov_epi32(hi, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+  const __m512 rest = _mm512_sub_ps(x, _mm512_castsi512_ps(hi));  // exact; a NaN only where hi is one
+  return {{hi, _mm512_and_si512(_mm512_add_epi32(_mm512_castps_si512(rest), half), high_half), zero}};
 }
 
 // One piece of two rows of k (even, odd) as VNNI words: (even's bfloat16) | (odd's bfloat16) << 16.
@@ -238,8 +263,8 @@ KILN_ALWAYS_INLINE void load_split_run(const float* p, index_t count, split_floa
   second = operand_pieces<Pieces>(_mm512_maskz_loadu_ps(first_lanes(count - 16), p + 16));
 }
 
-// The three A tiles (hi, mid, lo at dst, dst + 512, dst + 1024) of `rows` rows of 32 values of k, the first `depth`
-// real, at a with stride lda; zero-padded to 16 x 32. With Pieces = 1 (bfloat16 operands), the hi tile alone.
+// The A tiles of `rows` rows of 32 values of k, the first `depth` real, at a with stride lda, one per piece (hi, mid,
+// lo at dst, dst + 512, dst + 1024; Pieces of them, see operand_pieces); zero-padded to 16 x 32.
 template <int Pieces>
 void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_bits* dst) {
 #if defined(__AVX512BF16__)
@@ -266,8 +291,8 @@ void pack_a_rows(const float* a, index_t lda, index_t rows, index_t depth, bf16_
   }
 }
 
-// The three VNNI B tiles of `depth` rows of k (up to 32) of `cols` columns (up to 16) at b with stride ldb;
-// zero-padded to 32 x 16. Two rows of k give one tile row. With Pieces = 1, the hi tile alone.
+// The VNNI B tiles of `depth` rows of k (up to 32) of `cols` columns (up to 16) at b with stride ldb, one per piece;
+// zero-padded to 32 x 16. Two rows of k give one tile row.
 template <int Pieces>
 void pack_b_rows(const float* b, index_t ldb, index_t depth, index_t cols, bf16_bits* dst) {
   const __mmask16 columns = first_lanes(cols);
@@ -399,8 +424,10 @@ void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t p0, ind
 // C tiles of Rows row tiles x Cols column tiles (each 1 or 2) += A rows x B columns over `chunks` chunks. Row tile r
 // holds its chunks at a + r * a_tile_stride, chunk c at + c * chunk_values; column tile t at b + t * b_tile_stride,
 // chunk c at + c * chunk_values. The accumulators start from acc (resume) or zero and end in acc, row tile r and
-// column tile t at acc + (16 r) * acc_stride + 16 t. HiOnly: bfloat16 operands, the (hi, hi) product alone.
-template <int Rows, int Cols, bool Mirrored, bool HiOnly = false>
+// column tile t at acc + (16 r) * acc_stride + 16 t. Products: 6 (float operands, three pieces each), 3 (bfloat16x3:
+// two pieces each, (hi, hi), (lo, hi) and (hi, lo), with lo in the second slot; mirrored (hi, hi), (hi, lo), (lo, hi),
+// the same order for each element of C as above) or 1 (bfloat16 operands, (hi, hi) alone).
+template <int Rows, int Cols, bool Mirrored, int Products = 6>
 KILN_NOINLINE void block_product(const bf16_bits* a, index_t a_tile_stride, const bf16_bits* b, index_t b_tile_stride,
                                  index_t chunks, float* acc, index_t acc_stride, bool resume) {
   const index_t stride_bytes = acc_stride * index_t(sizeof(float));
@@ -416,8 +443,16 @@ KILN_NOINLINE void block_product(const bf16_bits* a, index_t a_tile_stride, cons
     const bf16_bits* b1 = b0 + b_tile_stride;
     constexpr index_t hi = 0, mid = tile_values, lo = 2 * tile_values;
     KILN_AMX_STEP_AB(Rows, Cols, a0 + hi, a1 + hi, b0 + hi, b1 + hi);
-    if constexpr (HiOnly) {
+    if constexpr (Products == 1) {
       continue;
+    } else if constexpr (Products == 3) {
+      if constexpr (!Mirrored) {
+        KILN_AMX_STEP_A(Rows, Cols, a0 + mid, a1 + mid);
+        KILN_AMX_STEP_AB(Rows, Cols, a0 + hi, a1 + hi, b0 + mid, b1 + mid);
+      } else {
+        KILN_AMX_STEP_B(Rows, Cols, b0 + mid, b1 + mid);
+        KILN_AMX_STEP_AB(Rows, Cols, a0 + mid, a1 + mid, b0 + hi, b1 + hi);
+      }
     } else if constexpr (!Mirrored) {
       KILN_AMX_STEP_A(Rows, Cols, a0 + mid, a1 + mid);
       KILN_AMX_STEP_A(Rows, Cols, a0 + lo, a1 + lo);
@@ -457,7 +492,7 @@ struct amx_problem {
   // The product computed is C^T = op(B)^T op(A)^T: a, b, m, n and the transposes above describe that product, and
   // its element (i, j) is stored to c[j * ldc + i] with bias[i] (see amx_gemm).
   bool transposed_output = false;
-  int pieces = int(float_pieces);  // of each operand: 3 (float operands) or 1 (bfloat16 operands)
+  int pieces = int(float_pieces);  // of each operand: 3 (float operands), 2 (bfloat16x3) or 1 (bfloat16 operands)
 };
 
 // Stores the finished sums of one block of tile rows [i_begin, i_end) x columns [j_begin, j_end) (at most 32 x 32,
@@ -536,7 +571,7 @@ inline index_t packed_amx_b_size(index_t k, index_t n) {
 // Packs op(B)'s chunks [cb, cb + depth) of `tiles` column tiles from column j0 (columns below n real): tile t's
 // chunk cb + c at dst + (t * tile_chunks + c) * chunk_values. All of k with tile_chunks = all chunks is the layout of
 // a B packed whole (packed_chunk_offset); one k block with tile_chunks = depth, a block's.
-// Pieces per operand: 3, or 1 for bfloat16 operands.
+// Pieces per operand: 3, 2 for bfloat16x3 or 1 for bfloat16 operands.
 template <int Pieces>
 void pack_b_tiles(bool transpose_b, const float* b, index_t ldb, index_t k, index_t n, index_t j0, index_t tiles,
                   index_t cb, index_t depth, index_t tile_chunks, bf16_bits* dst) {
@@ -553,17 +588,29 @@ inline void pack_b_tiles(bool transpose_b, const float* b, index_t ldb, index_t 
                          index_t tiles, index_t cb, index_t depth, index_t tile_chunks, int pieces, bf16_bits* dst) {
   if (pieces == 1)
     pack_b_tiles<1>(transpose_b, b, ldb, k, n, j0, tiles, cb, depth, tile_chunks, dst);
+  else if (pieces == 2)
+    pack_b_tiles<2>(transpose_b, b, ldb, k, n, j0, tiles, cb, depth, tile_chunks, dst);
   else
     pack_b_tiles<3>(transpose_b, b, ldb, k, n, j0, tiles, cb, depth, tile_chunks, dst);
 }
 
+// The pieces each operand is split into for a product of this precision.
+inline int pieces_of(product_precision precision) {
+  switch (precision) {
+    case product_precision::bfloat16: return 1;
+    case product_precision::bfloat16x3: return 2;
+    case product_precision::single: break;
+  }
+  return int(float_pieces);
+}
+
 // Packs all of op(B) (k x n) for amx_gemm's b_packed: column tile after column tile, each with all of k's chunks.
-// A product of bfloat16 operands must find B packed for them (precision bfloat16: the hi pieces alone).
+// A product at a lower precision must find B packed for it (its pieces: see operand_pieces).
 inline void pack_amx_b(bool transpose_b, index_t k, index_t n, const float* b, index_t ldb, bf16_bits* packed,
                        product_precision precision = product_precision::single) {
   const index_t chunks = ceil_div(k, chunk_depth);
   pack_b_tiles(transpose_b, b, ldb, k, n, 0, ceil_div(n, tile_rows), 0, chunks, chunks,
-               precision == product_precision::bfloat16 ? 1 : int(float_pieces), packed);
+               pieces_of(precision), packed);
 }
 
 // The AMX path's per-thread scratch, for its packed blocks and accumulators.
@@ -573,13 +620,24 @@ inline void* amx_scratch(std::size_t bytes) {
 }
 
 using block_product_fn = void (*)(const bf16_bits*, index_t, const bf16_bits*, index_t, index_t, float*, index_t, bool);
-// [float operands: mirrored, bfloat16 operands: 2][(rows - 1) * 2 + (cols - 1)]
-inline constexpr block_product_fn block_products[3][4] = {
+// [product_order][(rows - 1) * 2 + (cols - 1)]
+inline constexpr block_product_fn block_products[5][4] = {
     {&block_product<1, 1, false>, &block_product<1, 2, false>, &block_product<2, 1, false>,
      &block_product<2, 2, false>},
     {&block_product<1, 1, true>, &block_product<1, 2, true>, &block_product<2, 1, true>, &block_product<2, 2, true>},
-    {&block_product<1, 1, false, true>, &block_product<1, 2, false, true>, &block_product<2, 1, false, true>,
-     &block_product<2, 2, false, true>}};
+    {&block_product<1, 1, false, 1>, &block_product<1, 2, false, 1>, &block_product<2, 1, false, 1>,
+     &block_product<2, 2, false, 1>},
+    {&block_product<1, 1, false, 3>, &block_product<1, 2, false, 3>, &block_product<2, 1, false, 3>,
+     &block_product<2, 2, false, 3>},
+    {&block_product<1, 1, true, 3>, &block_product<1, 2, true, 3>, &block_product<2, 1, true, 3>,
+     &block_product<2, 2, true, 3>}};
+
+// The row of block_products a problem takes: float operands 0, or 1 mirrored (a transposed output); bfloat16 operands
+// 2 (one product has no order); bfloat16x3 3, or 4 mirrored.
+inline int product_order(const amx_problem& g) {
+  if (g.pieces == 1) return 2;
+  return (g.pieces == 2 ? 3 : 0) + int(g.transposed_output);
+}
 
 // Whether the epilogue copies the sums unchanged (alpha 1, beta 0, no bias, no activation: a weight gradient): then
 // a product over one k block stores each whole 2 x 2 block of tiles straight into C.
@@ -599,6 +657,8 @@ inline void pack_a_group(const amx_problem& g, index_t i, index_t i1, int rows_i
       bf16_bits* dst = a_group + (r * depth + c) * chunk_values;
       if (g.pieces == 1)
         pack_a_chunk<1>(g.transpose_a, g.a, g.lda, row, rows, p, chunk, dst);
+      else if (g.pieces == 2)
+        pack_a_chunk<2>(g.transpose_a, g.a, g.lda, row, rows, p, chunk, dst);
       else
         pack_a_chunk<3>(g.transpose_a, g.a, g.lda, row, rows, p, chunk, dst);
     }
@@ -627,8 +687,7 @@ inline void sweep_column_pairs(const amx_problem& g, const group_sweep& w) {
   const index_t a_stride = w.depth * chunk_values, i_end = w.i + w.rows_in_group * tile_rows;
   for (index_t t = 0; t < w.block_tiles; t += 2) {
     const int cols_in_pair = int(std::min<index_t>(2, w.block_tiles - t));
-    const int order = g.pieces == 1 ? 2 : int(g.transposed_output);  // one product needs no mirrored order
-    const auto product = block_products[order][(w.rows_in_group - 1) * 2 + (cols_in_pair - 1)];
+    const auto product = block_products[product_order(g)][(w.rows_in_group - 1) * 2 + (cols_in_pair - 1)];
     const bf16_bits* b_column = w.b + t * w.b_tile_stride;
     const index_t j = w.j + t * tile_rows, j_end = j + cols_in_pair * tile_rows;
     if (w.into_c && i_end <= w.i1 && j_end <= w.j1) {
@@ -820,7 +879,8 @@ inline bool all_zero(const float* c, index_t ldc, index_t m, index_t n) {
 
 // C = act(alpha * op(A) op(B) + beta * C + bias) on `threads` threads; the caller has checked amx_gemm_active().
 // With b_packed (pack_amx_b's layout of op(B), packed for the same precision), b, ldb and transpose_b are unused.
-// With precision bfloat16 each operand is rounded to bfloat16 as it is packed, and one tile product replaces six.
+// With precision bfloat16 each operand is rounded to bfloat16 as it is packed, and one tile product replaces six;
+// with bfloat16x3 each is split into two bfloat16 pieces, and three products replace six.
 // Packing an operand whose k runs down its columns (A stored k x m, B stored n x k) takes 16 x 16 transposes, the
 // rest only shifts and masks: a product with B stored n x k and fewer rows than columns (a Dense layer's forward,
 // 64 x 784 times 784 x 128) runs as its transpose, C^T = B A^T, so that the smaller operand is the one transposed.
@@ -839,7 +899,7 @@ inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, i
     g = amx_problem{false, true, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc, bias, act, slope};
     g.transposed_output = true;
   }
-  if (precision == product_precision::bfloat16) g.pieces = 1;
+  g.pieces = pieces_of(precision);
   amx_threaded(g, threads);
 }
 
