@@ -168,6 +168,33 @@ TEST_CASE("gradient check: losses") {
   check_gradients({x}, [&] { return nn::cross_entropy(x, labels) * 0.25 + nn::mse_loss(x, t) * 3.0; });
 }
 
+TEST_CASE("gradient check: losses with reduction::none, weighted element by element (or row by row)") {
+  V x = random_leaf({4, 3}, 21), t = random_leaf({4, 3}, 22);
+  const auto none = reduction::none;
+  check_gradients({x, t}, [&] { return weighted_sum(nn::mse_loss(x, t, none)); });
+  check_gradients({x, t}, [&] { return weighted_sum(nn::l1_loss(x, t, none)); });
+  check_gradients({x, t}, [&] { return weighted_sum(nn::smooth_l1_loss(x, t, none, 0.6)); });
+  check_gradients({x, t}, [&] { return weighted_sum(nn::huber_loss(x, t, none, 0.8)); });
+  V probabilities = nn::sigmoid(random_leaf({4, 3}, 23, 1.0, false));
+  check_gradients({x}, [&] { return weighted_sum(nn::binary_cross_entropy_with_logits(x, probabilities, none)); });
+  Tensor<std::int64_t> labels(shape{4}, {2, 0, 1, 2});
+  check_gradients({x}, [&] { return weighted_sum(nn::cross_entropy(x, labels, none)); });
+  const std::vector<double> weight = {0.5, 2, 1.25};
+  const std::vector<std::int64_t> some_ignored = {2, -1, 1, 0};
+  check_gradients({x}, [&] {
+    return weighted_sum(nn::cross_entropy(
+        x, some_ignored, {.reduce = none, .weight = weight, .ignore_index = -1, .label_smoothing = 0.2}));
+  });
+  check_gradients({x}, [&] {
+    return weighted_sum(
+        nn::nll_loss(nn::log_softmax(x, 1), some_ignored, {.reduce = none, .weight = weight, .ignore_index = -1}));
+  });
+  // Per-row losses feed on into other ops, and their gradient adds to another loss's in one leaf.
+  check_gradients({x}, [&] {
+    return nn::mean(nn::cross_entropy(x, labels, none) * 0.5) + nn::cross_entropy(x, labels);
+  });
+}
+
 TEST_CASE("gradient check: a value used twice accumulates both gradients") {
   V x = random_leaf({3, 4}, 14), w = random_leaf({4, 4}, 15), b = random_leaf({4}, 16);
   check_gradients({x}, [&] { return weighted_sum(x * x); });

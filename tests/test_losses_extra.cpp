@@ -376,3 +376,101 @@ TEST_CASE("every row ignored: the mean is NaN and the gradient zero, as in PyTor
   nn::Variable sum = nn::nll_loss(x, ignored, {.reduce = reduction::sum, .ignore_index = -100});
   CHECK(sum.item() == 0);
 }
+
+TEST_CASE("reduction::none keeps one loss per element (per row for the class losses) that the sum adds up") {
+  random_generator rng(31);
+  Tensor<float> input(shape{5, 4}), target(shape{5, 4});
+  for (auto& v : input.span()) v = rng.normal<float>();
+  for (auto& v : target.span()) v = rng.normal<float>();
+  const nn::Variable x(input), t(target);
+  const auto none = reduction::none;
+
+  // Element-wise losses: each element's value by its formula, and their sum the sum reduction's.
+  const auto check_elements = [&](const nn::Variable& unreduced, const nn::Variable& summed, auto formula) {
+    REQUIRE(unreduced.shape() == input.shape());
+    double total = 0;
+    for (index_t i = 0; i < input.numel(); ++i) {
+      CHECK(unreduced.value()[i] == doctest::Approx(formula(input[i], target[i])).epsilon(1e-6));
+      total += unreduced.value()[i];
+    }
+    CHECK(summed.item() == doctest::Approx(total).epsilon(1e-5));
+  };
+  check_elements(nn::mse_loss(x, t, none), nn::mse_loss(x, t, reduction::sum),
+                 [](double a, double b) { return (a - b) * (a - b); });
+  check_elements(nn::l1_loss(x, t, none), nn::l1_loss(x, t, reduction::sum),
+                 [](double a, double b) { return std::abs(a - b); });
+  check_elements(nn::huber_loss(x, t, none, 0.7f), nn::huber_loss(x, t, reduction::sum, 0.7f), [](double a, double b) {
+    const double d = std::abs(a - b);
+    return d < 0.7 ? 0.5 * d * d : 0.7 * (d - 0.35);
+  });
+  Tensor<float> probabilities(input.shape());
+  for (auto& v : probabilities.span()) v = rng.uniform<float>(0.0f, 1.0f);
+  const nn::Variable p(probabilities);
+  const auto bce = nn::binary_cross_entropy_with_logits(x, p, none);
+  for (index_t i = 0; i < input.numel(); ++i) {
+    const double s = 1 / (1 + std::exp(-double(input[i])));
+    const double expected = -(probabilities[i] * std::log(s) + (1 - probabilities[i]) * std::log(1 - s));
+    CHECK(bce.value()[i] == doctest::Approx(expected).epsilon(1e-5));
+  }
+
+  // Class losses: one value per row, the row alone's sum; an ignored row 0; with class weights, the mean is the sum
+  // of the rows over the sum of their labels' weights.
+  const std::vector<std::int64_t> labels = {3, -1, 0, 2, 3};
+  const std::vector<float> weight = {0.5f, 2.0f, 1.25f, 3.0f};
+  const nn::cross_entropy_options<float> options{.reduce = none, .weight = weight, .ignore_index = -1,
+                                                 .label_smoothing = 0.1f};
+  const auto rows = nn::cross_entropy(x, labels, options);
+  REQUIRE(rows.shape() == shape{5});
+  auto summed_options = options;
+  summed_options.reduce = reduction::sum;
+  double total = 0;
+  for (index_t row = 0; row < 5; ++row) {
+    const nn::Variable one_row(
+        Tensor<float>(shape{1, 4}, {input[row * 4], input[row * 4 + 1], input[row * 4 + 2], input[row * 4 + 3]}));
+    const std::vector<std::int64_t> one_label = {labels[std::size_t(row)]};
+    CHECK(rows.value()[row] == nn::cross_entropy(one_row, one_label, summed_options).item());
+    total += rows.value()[row];
+  }
+  CHECK(rows.value()[1] == 0.0f);
+  CHECK(nn::cross_entropy(x, labels, summed_options).item() == doctest::Approx(total).epsilon(1e-6));
+  auto mean_options = options;
+  mean_options.reduce = reduction::mean;
+  CHECK(nn::cross_entropy(x, labels, mean_options).item() ==
+        doctest::Approx(total / (3.0 + 0.5 + 1.25 + 3.0)).epsilon(1e-6));
+  // Without options, and nll after log_softmax: the same per-row cross-entropy.
+  const std::vector<std::int64_t> all = {3, 1, 0, 2, 3};
+  const auto plain = nn::cross_entropy(x, all, none);
+  const auto via_nll = nn::nll_loss(nn::log_softmax(x, 1), all, none);
+  for (index_t row = 0; row < 5; ++row) CHECK(plain.value()[row] == doctest::Approx(via_nll.value()[row]));
+
+  // A per-sample weighting through backward: each row's gradient scaled by its own upstream value.
+  nn::Variable logits(input, true);
+  nn::Variable sample_weight(Tensor<float>(shape{5}, {1, 0, 2, 0.5f, 1}));
+  nn::sum(nn::cross_entropy(logits, all, none) * sample_weight).backward();
+  nn::Variable reference(input, true);
+  nn::cross_entropy(reference, all, reduction::sum).backward();
+  for (index_t row = 0; row < 5; ++row)
+    for (index_t c = 0; c < 4; ++c)
+      CHECK(logits.grad()[row * 4 + c] ==
+            doctest::Approx(sample_weight.value()[row] * reference.grad()[row * 4 + c]).epsilon(1e-6));
+}
+
+TEST_CASE("reduction::none where one number is needed is an error that names the loss") {
+  const Tensor<float> x(shape{2, 3}, {0.1f, 0.2f, 0.3f, -1, 0, 1});
+  Tensor<float> grad(x.shape());
+  const std::vector<std::int64_t> labels = {1, 2};
+  CHECK_THROWS_WITH_AS(P::mse(x.data(), x.data(), 6, reduction::none, grad.data()),
+                       doctest::Contains("mse: expected reduction mean or sum, found none"), kiln::error);
+  CHECK_THROWS_WITH_AS(
+      (loss::cross_entropy{.reduce = reduction::none}.forward_backward<P>(x.data(), labels.data(), grad.data(), 2, 3)),
+      doctest::Contains("cross_entropy: expected reduction mean or sum, found none"), kiln::error);
+  CHECK_THROWS_WITH_AS(
+      (loss::huber{.reduce = reduction::none}.forward_backward<P>(x.data(), x.data(), grad.data(), 2, 3)),
+      doctest::Contains("huber_loss: expected reduction mean or sum, found none"), kiln::error);
+  // A static model trains on one number.
+  Sequential<P, Input<3>, Dense<2>> net(2, 1);
+  optim::SGD opt({.lr = 0.1});
+  CHECK_THROWS_WITH_AS(net.train_step(x, Tensor<std::int64_t>(shape{2}, {0, 1}),
+                                      loss::cross_entropy{.reduce = reduction::none}, opt),
+                       doctest::Contains("found none"), kiln::error);
+}

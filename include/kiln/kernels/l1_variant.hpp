@@ -29,6 +29,11 @@ struct l1_variant {
     return {kind::huber, delta};
   }
 
+  // The loss's name, as PyTorch's function.
+  const char* name() const {
+    return k == kind::smooth_l1 ? "smooth_l1_loss" : k == kind::huber ? "huber_loss" : "l1_loss";
+  }
+
   KILN_HOST_DEVICE T value(T d) const {
     const T a = d < T(0) ? -d : d;
     switch (k) {

@@ -2,7 +2,9 @@
 // label_smoothing), nll_loss, binary_cross_entropy_with_logits, l1_loss, smooth_l1_loss, huber_loss. Each calls the
 // policy's fused loss kernel once, as static mode does: when the graph is recorded the kernel also writes dL/dinput
 // (for an upstream gradient of 1) into a saved buffer, and backward hands that buffer on (scaled when the loss itself
-// was scaled before backward()).
+// was scaled before backward()). With reduction::none (on the CPU policies) a loss keeps one value per element, or
+// per row for cross_entropy and nll_loss, as PyTorch's reduction="none": backward then multiplies each element's (or
+// row's) saved gradient by that element's upstream gradient.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +62,49 @@ basic_variable<T> fused_loss(variable_node<T>* input, variable_node<T>* target, 
   return y;
 }
 
+// reduction::none: backward multiplies each saved local gradient (in[2], the input's shape) by the upstream gradient
+// of its element, or of its row where the output has one value per row. in[1] and scalar as above.
+template <class T>
+void unreduced_loss_backward(const tape_entry<T>& e) {
+  using P = typename loss_policy<T>::type;
+  const T* saved = e.in[2]->value;
+  const T* upstream = e.out->grad;
+  const index_t n = e.in[2]->shape.numel(), values = e.out->shape.numel();
+  const auto input_gradient = [&](T* dst) {
+    if (values == n) P::multiply(saved, upstream, dst, n);
+    else P::scale_rows(saved, upstream, dst, values, values ? n / values : 0);
+  };
+  write_or_add<P>(grad_target_for(e.in[0]), n, input_gradient);
+  if (e.in[1] && e.scalar != T(0))
+    write_or_add<P>(grad_target_for(e.in[1]), n, [&](T* dst) {
+      input_gradient(dst);
+      P::scale(dst, e.scalar, dst, n);
+    });
+}
+
+// reduction::none: kernel(losses, grad_or_null) writes the losses into the output (of out_shape) and, when the graph
+// is recorded, each one's gradient with respect to its input element or row into a saved buffer. Host policies only:
+// their kernels give the unreduced losses.
+template <class T, class Kernel>
+basic_variable<T> unreduced_loss(variable_node<T>* input, variable_node<T>* target, T target_sign, bool record,
+                                 kiln::shape out_shape, Kernel&& kernel) {
+  auto y = make_output<T>(out_shape, record);
+  if (!record) {
+    kernel(y.data(), static_cast<T*>(nullptr));
+    return y;
+  }
+  auto saved = basic_variable<T>::adopt(make_node<T>(input->shape, false, true));
+  kernel(y.data(), saved.data());
+  tape<T>::instance().record(&unreduced_loss_backward<T>, y.node(), input, target, saved.node(), target_sign);
+  return y;
+}
+
+// Where reduction::none is asked of a loss under a policy whose kernels do not give it.
+[[noreturn]] inline void fail_unreduced_on_device(const char* op) {
+  fail(op, ": reduction::none runs on the CPU policies only; ", dynamic_policy::name,
+       " gives the mean or the sum (reduction::mean, reduction::sum)");
+}
+
 // The [batch, classes] input of a classification loss, checked against its labels: returns its node.
 template <class T>
 variable_node<T>* class_loss_input(const basic_variable<T>& input, std::span<const std::int64_t> labels,
@@ -114,6 +159,14 @@ basic_variable<T> l1_family_loss(const char* op, const basic_variable<T>& input,
   if (in->shape != tg->shape)
     fail(op, ": expected input and target of the same shape, found ", in->shape, " and ", tg->shape);
   bool record = should_record<T>({in, tg});
+  if (r == reduction::none) {
+    if constexpr (loss_policy<T>::type::host_accessible)
+      return unreduced_loss<T>(in, tg, T(-1), record, in->shape, [&](T* losses, T* grad) {
+        loss_policy<T>::type::l1_loss_elements(f, in->value, tg->value, in->shape.numel(), losses, grad);
+      });
+    else
+      fail_unreduced_on_device(op);
+  }
   return fused_loss<T>(in, tg, T(-1), record, [&](T* grad, T* loss) {
     using P = typename loss_policy<T>::type;
     if constexpr (P::host_accessible)
@@ -143,7 +196,7 @@ struct nll_options {
   std::optional<std::int64_t> ignore_index{};  // rows with this label count for nothing; none by default
 };
 
-// reduce((input - target)^2) with reduction mean (default) or sum. Both operands may require grad.
+// reduce((input - target)^2) with reduction mean (default), sum or none. Both operands may require grad.
 template <class T>
 basic_variable<T> mse_loss(const basic_variable<T>& input, const basic_variable<T>& target,
                            reduction r = reduction::mean) {
@@ -152,6 +205,14 @@ basic_variable<T> mse_loss(const basic_variable<T>& input, const basic_variable<
   if (in->shape != tg->shape)
     fail("mse_loss: expected input and target of the same shape, found ", in->shape, " and ", tg->shape);
   bool record = detail::should_record<T>({in, tg});
+  if (r == reduction::none) {
+    if constexpr (detail::loss_policy<T>::type::host_accessible)
+      return detail::unreduced_loss<T>(in, tg, T(-1), record, in->shape, [&](T* losses, T* grad) {
+        detail::loss_policy<T>::type::mse_elements(in->value, tg->value, in->shape.numel(), losses, grad);
+      });
+    else
+      detail::fail_unreduced_on_device("mse_loss");
+  }
   return detail::fused_loss<T>(in, tg, T(-1), record, [&](T* grad, T* loss) {
     using P = typename detail::loss_policy<T>::type;
     if constexpr (P::host_accessible)
@@ -166,6 +227,7 @@ basic_variable<T> mse_loss(const basic_variable<T>& input, const basic_variable<
 template <class T>
 basic_variable<T> cross_entropy(const basic_variable<T>& logits, std::span<const std::int64_t> labels,
                                 reduction r = reduction::mean) {
+  if (r == reduction::none) return cross_entropy(logits, labels, cross_entropy_options<T>{.reduce = r});
   auto* in = detail::class_loss_input(logits, labels, "cross_entropy", "logits");
   index_t rows = in->shape[0], classes = in->shape[1];
   bool record = detail::should_record<T>({in});
@@ -201,6 +263,16 @@ basic_variable<T> cross_entropy(const basic_variable<T>& logits, std::span<const
       "cross_entropy", labels, classes,
       {o.weight.empty() ? nullptr : o.weight.data(), o.ignore_index.has_value(), o.ignore_index.value_or(0),
        o.label_smoothing});
+  if (o.reduce == reduction::none) {
+    if constexpr (detail::loss_policy<T>::type::host_accessible)
+      return detail::unreduced_loss<T>(in, nullptr, T(0), detail::should_record<T>({in}), kiln::shape{rows},
+                                       [&](T* losses, T* grad) {
+                                         detail::loss_policy<T>::type::softmax_cross_entropy_rows(
+                                             in->value, data.labels(), rows, classes, data.options(), losses, grad);
+                                       });
+    else
+      detail::fail_unreduced_on_device("cross_entropy");
+  }
   return detail::fused_loss<T>(in, nullptr, T(0), detail::should_record<T>({in}), [&](T* grad, T* loss) {
     using P = typename detail::loss_policy<T>::type;
     if constexpr (P::host_accessible)
@@ -228,6 +300,16 @@ basic_variable<T> nll_loss(const basic_variable<T>& log_probs, std::span<const s
   const detail::class_loss_data<T> data(
       "nll_loss", labels, classes,
       {o.weight.empty() ? nullptr : o.weight.data(), o.ignore_index.has_value(), o.ignore_index.value_or(0), T(0)});
+  if (o.reduce == reduction::none) {
+    if constexpr (detail::loss_policy<T>::type::host_accessible)
+      return detail::unreduced_loss<T>(in, nullptr, T(0), detail::should_record<T>({in}), kiln::shape{rows},
+                                       [&](T* losses, T* grad) {
+                                         detail::loss_policy<T>::type::nll_rows(in->value, data.labels(), rows,
+                                                                                classes, data.options(), losses, grad);
+                                       });
+    else
+      detail::fail_unreduced_on_device("nll_loss");
+  }
   return detail::fused_loss<T>(in, nullptr, T(0), detail::should_record<T>({in}), [&](T* grad, T* loss) {
     using P = typename detail::loss_policy<T>::type;
     if constexpr (P::host_accessible)
@@ -288,6 +370,14 @@ basic_variable<T> binary_cross_entropy_with_logits(const basic_variable<T>& logi
   if (tg->requires_grad && is_grad_enabled())
     fail("binary_cross_entropy_with_logits: the target requires grad, which is not supported; detach() it");
   bool record = detail::should_record<T>({in});
+  if (r == reduction::none) {
+    if constexpr (detail::loss_policy<T>::type::host_accessible)
+      return detail::unreduced_loss<T>(in, nullptr, T(0), record, in->shape, [&](T* losses, T* grad) {
+        detail::loss_policy<T>::type::bce_with_logits_elements(in->value, tg->value, in->shape.numel(), losses, grad);
+      });
+    else
+      detail::fail_unreduced_on_device("binary_cross_entropy_with_logits");
+  }
   return detail::fused_loss<T>(in, nullptr, T(0), record, [&](T* grad, T* loss) {
     using P = typename detail::loss_policy<T>::type;
     if constexpr (P::host_accessible)

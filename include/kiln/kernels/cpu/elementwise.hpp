@@ -76,6 +76,12 @@ struct elementwise_kernels {
   static void scale(const T* a, T s, T* out, index_t n) {
     for (index_t i = 0; i < n; ++i) out[i] = a[i] * s;
   }
+  // out[r, :] = a[r, :] * s[r]: each row by its own factor (a per-row loss's gradient times its upstream gradient).
+  template <class T>
+  static void scale_rows(const T* a, const T* s, T* out, index_t rows, index_t cols) {
+    for (index_t r = 0; r < rows; ++r)
+      for (index_t c = 0; c < cols; ++c) out[r * cols + c] = a[r * cols + c] * s[r];
+  }
   // y += alpha * x.
   template <class T>
   static void axpy(T alpha, const T* x, T* y, index_t n) {

@@ -1,6 +1,8 @@
 // Loss kernels: mean squared error, softmax cross-entropy from logits with integer labels (fused: one pass gives the
 // loss and the gradient), negative log-likelihood, binary cross-entropy with logits, and the L1 family (l1, smooth
-// L1, Huber). Each returns the loss and, when asked, writes dL/dinput scaled by an upstream gradient.
+// L1, Huber). Each returns the loss and, when asked, writes dL/dinput scaled by an upstream gradient. The *_elements
+// and *_rows kernels give reduction::none's losses instead: one per element (one per row for the classification
+// losses), with each one's gradient.
 #pragma once
 
 #include <algorithm>
@@ -17,8 +19,22 @@
 
 namespace kiln {
 
-// How a loss folds per-element values into one number.
-enum class reduction { mean, sum };
+// How a loss folds per-element values into one number, or (none) keeps them: one loss per element, or per row for
+// the classification losses, as PyTorch's reduction="none". Only dynamic mode's functional losses keep them; a
+// static model trains on one number.
+enum class reduction { mean, sum, none };
+
+namespace kernels {
+// The scale of a reduction over `count` values: 1 / count for the mean, 1 for the sum. reduction::none has no scale:
+// a kernel that reduces was asked for per-element losses, which is an error that names the loss.
+template <class T>
+T reduction_scale(const char* loss, reduction r, index_t count) {
+  if (r == reduction::none)
+    fail(loss, ": expected reduction mean or sum, found none (one loss per element; dynamic mode's functional ",
+         "losses give them, a static model trains on one number)");
+  return r == reduction::mean ? T(1) / static_cast<T>(count) : T(1);
+}
+}  // namespace kernels
 
 namespace kernels::cpu {
 
@@ -44,7 +60,7 @@ struct loss_kernels {
     for (int width = mse_chains / 2; width > 0; width /= 2)
       for (int c = 0; c < width; ++c) chain[c] += chain[c + width];
     const sum_type<T> total = chain[0];
-    T scale = r == reduction::mean ? T(1) / static_cast<T>(n) : T(1);
+    const T scale = reduction_scale<T>("mse", r, n);
     if (grad) {
       T factor = T(2) * scale * upstream;
       for (index_t i = 0; i < n; ++i) grad[i] = factor * (input[i] - target[i]);
@@ -61,7 +77,7 @@ struct loss_kernels {
   static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
                                  reduction r, T* grad, T upstream = T(1)) {
     check_class_labels("cross_entropy", labels, rows, classes, class_loss_options<T>{});
-    const T scale = r == reduction::mean ? T(1) / static_cast<T>(rows) : T(1);
+    const T scale = reduction_scale<T>("cross_entropy", r, rows);
     const T factor = scale * upstream;
     sum_type<T> total = 0;
     for (index_t row = 0; row < rows; ++row) {
@@ -159,7 +175,7 @@ struct loss_kernels {
                    T upstream = T(1)) {
     sum_type<T> total = 0;
     for (index_t i = 0; i < n; ++i) total += f.value(input[i] - target[i]);
-    const T scale = r == reduction::mean ? T(1) / static_cast<T>(n) : T(1);
+    const T scale = reduction_scale<T>(f.name(), r, n);
     if (grad) {
       const T factor = scale * upstream;
       for (index_t i = 0; i < n; ++i) grad[i] = f.grad(input[i] - target[i]) * factor;
@@ -168,29 +184,84 @@ struct loss_kernels {
   }
 
   // L = reduce(max(x, 0) - x * t + log(1 + exp(-|x|))), the stable form of -[t log s(x) + (1 - t) log(1 - s(x))].
-  // dL/dx = sigmoid(x) - t.
+  // dL/dx = sigmoid(x) - t (bce_value and bce_grad, per element).
   template <class T>
   static T bce_with_logits(const T* logits, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
     sum_type<T> total = 0;
-    for (index_t i = 0; i < n; ++i) {
-      T x = logits[i];
-      total += std::max(x, T(0)) - x * target[i] + std::log1p(std::exp(-std::abs(x)));
-    }
-    T scale = r == reduction::mean ? T(1) / static_cast<T>(n) : T(1);
+    for (index_t i = 0; i < n; ++i) total += bce_value(logits[i], target[i]);
+    const T scale = reduction_scale<T>("binary_cross_entropy_with_logits", r, n);
     if (grad) {
       T factor = scale * upstream;
-      for (index_t i = 0; i < n; ++i) grad[i] = (T(1) / (T(1) + std::exp(-logits[i])) - target[i]) * factor;
+      for (index_t i = 0; i < n; ++i) grad[i] = bce_grad(logits[i], target[i]) * factor;
     }
     return static_cast<T>(total) * scale;
   }
 
+  // reduction::none of the element-wise losses: losses[i] = the loss of element i, and grad (optional) its gradient,
+  // d losses[i] / d input[i]: what the reducing kernels above sum and scale.
+  template <class T>
+  static void mse_elements(const T* input, const T* target, index_t n, T* losses, T* grad) {
+    for (index_t i = 0; i < n; ++i) {
+      const T d = input[i] - target[i];
+      losses[i] = d * d;
+      if (grad) grad[i] = T(2) * d;
+    }
+  }
+  template <class T>
+  static void l1_loss_elements(const l1_variant<T>& f, const T* input, const T* target, index_t n, T* losses,
+                               T* grad) {
+    for (index_t i = 0; i < n; ++i) {
+      const T d = input[i] - target[i];
+      losses[i] = f.value(d);
+      if (grad) grad[i] = f.grad(d);
+    }
+  }
+  template <class T>
+  static void bce_with_logits_elements(const T* logits, const T* target, index_t n, T* losses, T* grad) {
+    for (index_t i = 0; i < n; ++i) {
+      const T x = logits[i], t = target[i];  // read before grad, which may alias the logits, is written
+      losses[i] = bce_value(x, t);
+      if (grad) grad[i] = bce_grad(x, t);
+    }
+  }
+
+  // reduction::none of the classification losses: losses[row] = the row's loss (its label's weight included, 0 for
+  // an ignored row), and grad (optional) the row's gradient, d losses[row] / d input[row, :]. Each row runs the
+  // reducing kernel's sum over that row alone, so each is what the sum adds.
+  template <class T>
+  static void softmax_cross_entropy_rows(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
+                                         const class_loss_options<T>& o, T* losses, T* grad) {
+    check_class_labels("cross_entropy", labels, rows, classes, o);
+    for (index_t row = 0; row < rows; ++row)
+      losses[row] = softmax_cross_entropy(logits + row * classes, labels + row, 1, classes, reduction::sum, o,
+                                          grad ? grad + row * classes : nullptr);
+  }
+  template <class T>
+  static void nll_rows(const T* log_probs, const std::int64_t* labels, index_t rows, index_t classes,
+                       const class_loss_options<T>& o, T* losses, T* grad) {
+    check_class_labels("nll_loss", labels, rows, classes, o);
+    for (index_t row = 0; row < rows; ++row)
+      losses[row] = nll(log_probs + row * classes, labels + row, 1, classes, reduction::sum, o,
+                        grad ? grad + row * classes : nullptr);
+  }
+
  private:
+  template <class T>
+  static T bce_value(T x, T t) {
+    return std::max(x, T(0)) - x * t + std::log1p(std::exp(-std::abs(x)));
+  }
+  template <class T>
+  static T bce_grad(T x, T t) {
+    return T(1) / (T(1) + std::exp(-x)) - t;
+  }
+
   // Checks every label of a classification loss and returns the reduction's scale: 1 for the sum, and for the mean
   // 1 / (the sum of the label weights of the rows not ignored).
   template <class T>
   static T class_loss_scale(const char* loss, const std::int64_t* labels, index_t rows, index_t classes, reduction r,
                             const class_loss_options<T>& o) {
     check_class_labels(loss, labels, rows, classes, o);
+    reduction_scale<T>(loss, r, rows);  // (reduction::none throws)
     if (r != reduction::mean) return T(1);
     sum_type<T> weight_total = 0;
     for (index_t row = 0; row < rows; ++row)

@@ -100,9 +100,10 @@ __global__ void softmax_cross_entropy_kernel(const T* logits, const std::int64_t
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
+// The reduction's scale (reduction::none, which these kernels do not give, throws naming the loss).
 template <class T>
-T scale_of(reduction r, index_t count) {
-  return r == reduction::mean ? T(1) / static_cast<T>(count) : T(1);
+T scale_of(const char* loss, reduction r, index_t count) {
+  return kernels::reduction_scale<T>(loss, r, count);
 }
 
 // The first pass of an element-wise loss; the caller holds the scratch's mutex. Returns the number of partials.
@@ -157,8 +158,9 @@ struct label_weight_term {
 // For the mean (else nothing): the pass that sums the label weights, leaving the sum where class_weight_total finds
 // it. Returns that address, or null for the sum. The caller holds the scratch's mutex.
 template <class T>
-const double* class_loss_denominator(reduce_scratch& s, const std::int64_t* labels, index_t rows, index_t classes,
-                                     reduction r, const class_loss_options<T>& o) {
+const double* class_loss_denominator(const char* loss, reduce_scratch& s, const std::int64_t* labels, index_t rows,
+                                     index_t classes, reduction r, const class_loss_options<T>& o) {
+  kernels::reduction_scale<T>(loss, r, rows);  // (reduction::none throws)
   if (r != reduction::mean) return nullptr;
   const unsigned blocks = loss_first_pass(s, rows, label_weight_term<T>{labels, classes, o});
   finish_on_device(s, blocks, static_cast<T*>(nullptr), T(1));
@@ -253,7 +255,7 @@ template <class T>
 unsigned cross_entropy_options_passes(reduce_scratch& s, const T* logits, const std::int64_t* labels, index_t rows,
                                       index_t classes, reduction r, const class_loss_options<T>& o, T* grad,
                                       T upstream) {
-  const double* denominator = class_loss_denominator(s, labels, rows, classes, r, o);
+  const double* denominator = class_loss_denominator("cross_entropy", s, labels, rows, classes, r, o);
   const unsigned blocks = reduce_blocks(rows * 32);
   softmax_cross_entropy_options_kernel<<<blocks, block_threads, 0, kiln::cuda::current_stream()>>>(
       logits, labels, rows, classes, o, grad, upstream, denominator, s.partials(), s.flag());
@@ -263,7 +265,7 @@ unsigned cross_entropy_options_passes(reduce_scratch& s, const T* logits, const 
 template <class T>
 unsigned nll_passes(reduce_scratch& s, const T* log_probs, const std::int64_t* labels, index_t rows, index_t classes,
                     reduction r, const class_loss_options<T>& o, T* grad, T upstream) {
-  const double* denominator = class_loss_denominator(s, labels, rows, classes, r, o);
+  const double* denominator = class_loss_denominator("nll_loss", s, labels, rows, classes, r, o);
   return loss_first_pass(s, rows * classes,
                          nll_term<T>{log_probs, labels, classes, o, grad, upstream, denominator, s.flag()});
 }
@@ -284,7 +286,7 @@ struct loss_kernels {
   // L = reduce((input - target)^2). grad (optional) = upstream * dL/dinput.
   template <class T>
   static T mse(const T* input, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, n);
+    const T scale = detail::scale_of<T>("mse", r, n);
     auto& s = detail::reduce_scratch::instance();
     std::lock_guard lock(s.mutex());
     const unsigned blocks =
@@ -294,7 +296,7 @@ struct loss_kernels {
   template <class T>
   static void mse_on_device(const T* input, const T* target, index_t n, reduction r, T* grad, T* loss,
                             T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, n);
+    const T scale = detail::scale_of<T>("mse", r, n);
     auto& s = detail::reduce_scratch::instance();
     std::lock_guard lock(s.mutex());
     const unsigned blocks =
@@ -307,7 +309,7 @@ struct loss_kernels {
   template <class T>
   static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
                                  reduction r, T* grad, T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, rows);
+    const T scale = detail::scale_of<T>("cross_entropy", r, rows);
     auto& s = detail::reduce_scratch::instance();
     std::unique_lock lock(s.mutex());
     const unsigned blocks =
@@ -321,7 +323,7 @@ struct loss_kernels {
   template <class T>
   static void softmax_cross_entropy_on_device(const T* logits, const std::int64_t* labels, index_t rows,
                                               index_t classes, reduction r, T* grad, T* loss, T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, rows);
+    const T scale = detail::scale_of<T>("cross_entropy", r, rows);
     auto& s = detail::reduce_scratch::instance();
     std::lock_guard lock(s.mutex());
     const unsigned blocks =
@@ -333,7 +335,7 @@ struct loss_kernels {
   // dL/dx = sigmoid(x) - t.
   template <class T>
   static T bce_with_logits(const T* logits, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, n);
+    const T scale = detail::scale_of<T>("binary_cross_entropy_with_logits", r, n);
     auto& s = detail::reduce_scratch::instance();
     std::lock_guard lock(s.mutex());
     const unsigned blocks =
@@ -343,7 +345,7 @@ struct loss_kernels {
   template <class T>
   static void bce_with_logits_on_device(const T* logits, const T* target, index_t n, reduction r, T* grad, T* loss,
                                         T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, n);
+    const T scale = detail::scale_of<T>("binary_cross_entropy_with_logits", r, n);
     auto& s = detail::reduce_scratch::instance();
     std::lock_guard lock(s.mutex());
     const unsigned blocks =
@@ -405,7 +407,7 @@ struct loss_kernels {
   template <class T>
   static T l1_loss(const l1_variant<T>& f, const T* input, const T* target, index_t n, reduction r, T* grad,
                    T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, n);
+    const T scale = detail::scale_of<T>(f.name(), r, n);
     auto& s = detail::reduce_scratch::instance();
     std::lock_guard lock(s.mutex());
     const unsigned blocks =
@@ -415,7 +417,7 @@ struct loss_kernels {
   template <class T>
   static void l1_loss_on_device(const l1_variant<T>& f, const T* input, const T* target, index_t n, reduction r,
                                 T* grad, T* loss, T upstream = T(1)) {
-    const T scale = detail::scale_of<T>(r, n);
+    const T scale = detail::scale_of<T>(f.name(), r, n);
     auto& s = detail::reduce_scratch::instance();
     std::lock_guard lock(s.mutex());
     const unsigned blocks =
