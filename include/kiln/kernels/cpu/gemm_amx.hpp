@@ -20,10 +20,10 @@
 //
 // Products of bfloat16 operands (product_precision::bfloat16, policy::cpu_bf16) round each operand to bfloat16 as it
 // is packed, keep the hi tiles alone and run the (hi, hi) product only: one tile product where float operands take
-// six, with the packing and the float sums unchanged. Products of bfloat16x3 (product_precision::bfloat16x3) split each
-// operand into two pieces, x = hi + lo with hi = x rounded to bfloat16 and lo the remainder rounded (to nearest, ties
-// away from zero), and sum three
-// piece products, (hi, hi), (lo, hi) and (hi, lo): about 16 of float's 24 significant bits, at half the tile work.
+// six, with the packing and the float sums unchanged. Products of bfloat16x3 (product_precision::bfloat16x3) split
+// each operand into two pieces, x = hi + lo with hi = x rounded to bfloat16 and lo the remainder rounded (to nearest,
+// ties away from zero), and sum three piece products, (hi, hi), (lo, hi) and (hi, lo): about 16 of float's 24
+// significant bits, at half the tile work.
 //
 // Limits: products involving an infinite value give NaN where the float product gives an infinity (the infinity's
 // remainder pieces are NaN); float subnormals are read and written as zero (AMX flushes them), as kiln's training
@@ -155,29 +155,23 @@ KILN_ALWAYS_INLINE split_floats split_pieces(__m512 x) {
 // zero; a NaN stays a quiet NaN.
 KILN_ALWAYS_INLINE __m512i rounded_to_bfloat16(__m512 x) {
   constexpr __mmask16 all16 = 0xFFFF;
-#if defined(__AVX512BF16__)
-  // The hardware conversion rounds the same way (and reads float subnormals as zero, as the tiles read bfloat16
-  // ones): three instructions where the integer rounding below takes seven.
-  return _mm512_maskz_slli_epi32(all16, _mm512_maskz_cvtepu16_epi32(all16, (__m256i)_mm512_cvtneps_pbh(x)), 16);
-#else
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i lowest_kept = _mm512_and_si512(_mm512_maskz_srli_epi32(all16, bits, 16), _mm512_set1_epi32(1));
   __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lowest_kept));
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
   return _mm512_and_si512(rounded, _mm512_set1_epi32(int(0xFFFF0000u)));
-#endif
 }
 
 // The pieces that a product of Pieces pieces per operand multiplies, first to last: all three (single precision);
 // for products of bfloat16x3 (Pieces = 2), hi = x rounded to bfloat16 and lo = the remainder x - hi (exact in float:
 // at most 16 significant bits) rounded, x = hi + lo within 2^-16 of x; for bfloat16 operands (Pieces = 1), x rounded
 // to nearest with ties to even, alone. bfloat16x3 rounds both pieces to nearest with ties away from zero, an add and
-// a mask each: the ties of hi change nothing (lo then holds the rest exactly), and the rounding to even, in hardware or
-// not, made the MNIST MLP's forward 25% slower (in the transposes' shuffle port). (A template argument: with a
-// run-time count the packing loops no longer unrolled, and the MNIST MLP's forward product lost a quarter of its
-// speed.) Where the CPU converts to bfloat16 itself (AVX512-BF16), the packers convert bfloat16 operands straight from
-// the floats instead.
+// a mask each: the ties of hi change nothing (lo then holds the rest exactly), and rounding them to even, by integer
+// arithmetic or by the hardware conversion, left the MNIST MLP's forward product a quarter slower. (A template
+// argument: with a run-time count the packing loops no longer unrolled, and the MNIST MLP's forward product lost a
+// quarter of its speed.) Where the CPU converts to bfloat16 itself (AVX512-BF16), the packers convert bfloat16
+// operands straight from the floats instead.
 template <int Pieces>
 KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x) {
   if constexpr (Pieces == 3) return split_pieces(x);
