@@ -147,8 +147,14 @@ TEST_CASE("dynamic mode on the GPU: values, gradients and item() cross to the ho
   // A second backward through a fresh graph accumulates into the leaves' gradients.
   nn::sum(a * b).backward();
   check_identical(to_host(a.node()->grad, 6), std::vector<float>{1, -2, 4, 0, 2, -4}, "accumulated grad of a");
+  // zero_grad is lazy (PyTorch's set_to_none): the buffer keeps its old values until grad() reads it, which writes
+  // the zeros, or a backward overwrites it. Both on the GPU, as on the CPU.
   a.zero_grad();
-  check_identical(to_host(a.node()->grad, 6), std::vector<float>(6, 0.0f), "zeroed grad of a");
+  check_identical(to_host(a.grad().data(), 6), std::vector<float>(6, 0.0f), "zeroed grad of a");
+  b.zero_grad();
+  nn::sum(a * b).backward();
+  check_identical(to_host(b.node()->grad, 6), std::vector<float>{1, 2, 3, 4, 5, 6}, "grad of b after zero_grad");
+  check_identical(to_host(a.node()->grad, 6), std::vector<float>{0.5f, -1, 2, 0, 1, -2}, "grad of a after zero_grad");
   // A bad label is still reported (the GPU kernel flags it, the host throws).
   nn::Variable logits(Tensor<float>(shape{2, 3}), true);
   const std::vector<std::int64_t> labels = {0, 3};
