@@ -9,13 +9,18 @@
 //   gpu_graph  rung 6: the whole step (forward, fused loss, backward, capturable Adam) captured once into a CUDA graph
 //              and replayed; per step, the batch is copied (device to device) into the graph's fixed input buffers,
 //              the graph launched and its loss copied to the step's slot
+//   gpu_fused  rung 7: the whole step as one kernel launch (static/fused_mlp.cuh: fused_mlp_trainer), the loss read
+//              on the host every step as in gpu_eager
+//   gpu_fused_async  the same launches with the loss left on the device, as in gpu_async; _u1, _u4 and _u8 with 1, 4
+//              and 8 hidden units per block instead of the trainer's choice, 2 (128, 32 and 16 blocks instead of 64)
 //   gpu_dynamic  dynamic mode on the GPU (this file builds it on policy::cuda): nn::Sequential, the tape, Adam over
 //              its parameters, the PyTorch-style loop with loss.item() every step; the batch is copied on the device
 //              into a Variable, the labels (512 bytes) are uploaded from the host by cross_entropy
 // All five start from the same weights (seed 42) and see the same batches (one seeded shuffled epoch, as the
 // ladder's, assembled on the host before any timing). Before any time is reported the losses are checked: the GPU
 // modes against each other (eager and async bit for bit; graph within 1e-5, Adam's bias corrections being computed
-// on the device there) and against the CPU (within 1e-3 over the first 50 steps: FP32 sums in another order).
+// on the device there; the fused modes, whose products sum in another order, within 1e-4 over the first 50 steps)
+// and against the CPU (within 1e-3 over the first 50 steps: FP32 sums in another order).
 // Reported: µs per step (epoch time / steps), the epoch's seconds (graph: capture and instantiation included; also
 // shown separately), test accuracy, and the CPU/GPU ratio.
 //
@@ -41,6 +46,7 @@
 #include "kiln/core/cuda/device_buffer.cuh"
 #include "kiln/core/cuda/stream.cuh"
 #include "kiln/kiln.hpp"
+#include "kiln/static/fused_mlp.cuh"
 
 using namespace kiln;
 using clock_type = std::chrono::steady_clock;
@@ -118,7 +124,18 @@ outcome run_gpu(const std::string& mode, const epoch_data& d, const resident_dat
   const cudaStream_t stream = kiln::cuda::current_stream();
   kiln::cuda::synchronize();
   const auto start = clock_type::now();
-  if (mode == "gpu_eager") {
+  if (mode.starts_with("gpu_fused")) {
+    fused_mlp_trainer<mlp<policy::cuda>> trainer(net, optim::adam_options{.lr = 1e-3});
+    // gpu_fused_async_uN: the kernel with N hidden units per block instead of the default.
+    if (const auto at = mode.find("_u"); at != std::string::npos)
+      trainer.set_units_per_block(std::stoi(mode.substr(at + 2)));
+    for (index_t s = 0; s < steps; ++s) {
+      if (mode == "gpu_fused")
+        r.losses.push_back(trainer.train_step(resident, data.batch_x(d, s), data.batch_y(d, s)));
+      else
+        trainer.enqueue_train_step(resident, data.batch_x(d, s), data.batch_y(d, s), losses.data() + s);
+    }
+  } else if (mode == "gpu_eager") {
     for (index_t s = 0; s < steps; ++s)
       r.losses.push_back(net.train_step(resident, data.batch_x(d, s), data.batch_y(d, s), loss::cross_entropy{}, adam));
   } else if (mode == "gpu_async") {
@@ -162,7 +179,7 @@ outcome run_gpu(const std::string& mode, const epoch_data& d, const resident_dat
   }
   kiln::cuda::synchronize();
   r.epoch_seconds = seconds_since(start);
-  if (mode != "gpu_eager") {
+  if (mode != "gpu_eager" && mode != "gpu_fused") {
     r.losses.resize(static_cast<std::size_t>(steps));
     policy::cuda::download(losses.data(), r.losses.data(), steps);
   }
@@ -255,7 +272,8 @@ int main(int argc, char** argv) try {
 
   std::vector<outcome> results;
   results.push_back(run_cpu(d, mnist.test, seed));
-  for (const char* mode : {"gpu_eager", "gpu_async", "gpu_graph"}) {
+  for (const char* mode : {"gpu_eager", "gpu_async", "gpu_graph", "gpu_fused", "gpu_fused_async", "gpu_fused_async_u1",
+                           "gpu_fused_async_u4", "gpu_fused_async_u8"}) {
     // A throwaway model runs a few steps the same way first, so that library handles, cuBLASLt plans and scratch
     // buffers (per process, not per model) exist before the clock starts.
     run_gpu(mode, d, data, nullptr, seed + 1, 8);
@@ -273,23 +291,26 @@ int main(int argc, char** argv) try {
     // maximum rounds nothing, so the losses should agree exactly, but only the first 50 steps are held to it, with
     // room for rounding, as the CPU's are.
     const bool dynamic = results[i].mode == "gpu_dynamic";
+    const bool fused = results[i].mode.starts_with("gpu_fused");
+    const bool first_50 = dynamic || fused;
     const double vs_cpu = worst_relative(results[i].losses, cpu.losses, 50);
     const double vs_eager =
-        worst_relative(results[i].losses, eager.losses, dynamic ? 50 : results[i].losses.size());
-    const double limit = dynamic ? 1e-4 : results[i].mode == "gpu_graph" ? 1e-5 : 0.0;
+        worst_relative(results[i].losses, eager.losses, first_50 ? 50 : results[i].losses.size());
+    const double limit = dynamic || fused ? 1e-4 : results[i].mode == "gpu_graph" ? 1e-5 : 0.0;
     const bool pass = vs_cpu <= 1e-3 && vs_eager <= limit;
-    std::printf("check %-11s first 50 losses vs cpu: %.2e (limit 1e-3); %s losses vs gpu_eager: %.2e (limit %.0e) %s\n",
-                results[i].mode.c_str(), vs_cpu, dynamic ? "first 50" : "all", vs_eager, limit, pass ? "ok" : "FAILED");
+    std::printf("check %-18s first 50 losses vs cpu: %.2e (limit 1e-3); %s losses vs gpu_eager: %.2e (limit %.0e) %s\n",
+                results[i].mode.c_str(), vs_cpu, first_50 ? "first 50" : "all", vs_eager, limit,
+                pass ? "ok" : "FAILED");
     ok = ok && pass;
   }
   if (!ok) {
     std::fprintf(stderr, "mnist_gpu: the modes disagree; no times reported\n");
     return 1;
   }
-  std::printf("\n%-11s %10s %10s %10s %10s %10s\n", "mode", "step_us", "epoch_s", "test_acc", "final_loss", "cpu/x");
+  std::printf("\n%-18s %10s %10s %10s %10s %10s\n", "mode", "step_us", "epoch_s", "test_acc", "final_loss", "cpu/x");
   for (const auto& r : results) {
     const double step_us = r.epoch_seconds / double(d.steps()) * 1e6;
-    std::printf("%-11s %10.1f %10.3f %10.4f %10.4f %9.1fx\n", r.mode.c_str(), step_us, r.epoch_seconds, r.accuracy,
+    std::printf("%-18s %10.1f %10.3f %10.4f %10.4f %9.1fx\n", r.mode.c_str(), step_us, r.epoch_seconds, r.accuracy,
                 double(r.losses.back()), cpu.epoch_seconds / r.epoch_seconds);
   }
   std::printf("(gpu_graph's epoch includes %.1f ms of capture and instantiation)\n\n", results[3].extra_seconds * 1e3);

@@ -1,0 +1,182 @@
+// kiln::fused_mlp_trainer: trains a static MLP on a CUDA policy with one kernel launch per step, the ladder's rung 7
+// (kernels/cuda/fused_mlp.cuh). It takes a model of the form
+//
+//   Sequential<policy::cuda (or cuda_tf32, cudnn), Input<...>, [Flatten,] Dense<Hidden, ReLU>, Dense<Out>>
+//
+// with softmax cross-entropy (mean) and Adam or AdamW, and updates the model's own parameters in place, so that
+// predict, evaluate, state_dict and the safetensors writers see the trained weights as after train_step. The
+// gradients of the last step are left in the model's gradient_values(), as Sequential::train_step leaves them.
+// Adam's moments and step count are the trainer's (a checkpoint of the model alone resumes with fresh ones).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kiln/core/cuda/check.cuh"
+#include "kiln/core/cuda/device_buffer.cuh"
+#include "kiln/core/cuda/stream.cuh"
+#include "kiln/core/error.hpp"
+#include "kiln/kernels/cuda/fused_mlp.cuh"
+#include "kiln/kernels/cuda/loss.cuh"
+#include "kiln/layers/activation.hpp"
+#include "kiln/layers/dense.hpp"
+#include "kiln/layers/flatten.hpp"
+#include "kiln/optim/adam.hpp"
+#include "kiln/static/resident.hpp"
+#include "kiln/static/sequential.hpp"
+
+namespace kiln {
+
+namespace detail {
+
+// The models a fused step runs: an input, Flatten where the input has more than one dimension, Dense<Hidden, ReLU>,
+// Dense<Out> (both with biases).
+template <class Net>
+struct fused_mlp_layout {
+  static constexpr bool matches = false;
+};
+template <class Policy, class InputSpec, index_t Hidden, index_t Out>
+struct fused_mlp_layout<Sequential<Policy, InputSpec, Flatten, Dense<Hidden, ReLU>, Dense<Out>>> {
+  static constexpr bool matches = true;
+  static constexpr index_t hidden = Hidden, out = Out;
+};
+template <class Policy, class InputSpec, index_t Hidden, index_t Out>
+struct fused_mlp_layout<Sequential<Policy, InputSpec, Dense<Hidden, ReLU>, Dense<Out>>> {
+  static constexpr bool matches = true;
+  static constexpr index_t hidden = Hidden, out = Out;
+};
+
+}  // namespace detail
+
+// Trains `Net` one fused kernel launch per step (see the top of this file). The model must outlive the trainer.
+template <class Net>
+class fused_mlp_trainer {
+  using layout = detail::fused_mlp_layout<Net>;
+  static_assert(layout::matches,
+                "kiln::fused_mlp_trainer: expected Sequential<Policy, Input<...>, Flatten, Dense<Hidden, ReLU>, "
+                "Dense<Out>> (Flatten optional for a flat input)");
+  static_assert(!Net::host_accessible, "kiln::fused_mlp_trainer: expected a model on a CUDA policy (device memory)");
+  static_assert(std::is_same_v<typename Net::value_type, float>, "kiln::fused_mlp_trainer: expected float values");
+  static constexpr index_t in = Net::input_shape::size, hidden = layout::hidden, out = layout::out;
+
+ public:
+  // Adam (decoupled = false) or AdamW (true) with these hyper-parameters. The fused step has no amsgrad, no L1/L2
+  // regularisation and no gradient clipping: asking for them is an error rather than a silently different step.
+  fused_mlp_trainer(Net& net, const optim::adam_options& o = {}, bool decoupled = false)
+      : net_(net),
+        exp_avg_(Net::flat_parameter_size),
+        exp_avg_sq_(Net::flat_parameter_size),
+        hidden_values_(net.max_batch() * hidden),
+        step_(1),
+        loss_(1),
+        bad_label_(1) {
+    if (o.amsgrad || o.regularize.l1 != 0 || o.regularize.l2 != 0 || o.clip.norm != 0 || o.clip.value != 0)
+      fail("fused_mlp_trainer: expected Adam without amsgrad, regularisation or clipping, found amsgrad ", o.amsgrad,
+           ", l1 ", o.regularize.l1, ", l2 ", o.regularize.l2, ", clip norm ", o.clip.norm, ", clip value ",
+           o.clip.value);
+    if (!(o.lr >= 0) || !(o.eps >= 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) ||
+        !(o.beta2 >= 0 && o.beta2 < 1))
+      fail("fused_mlp_trainer: expected lr, eps and weight decay >= 0 and betas in [0, 1), found lr ", o.lr, ", eps ",
+           o.eps, ", weight decay ", o.weight_decay, ", betas ", o.beta1, " and ", o.beta2);
+    kernels::cuda::check_fused_mlp(net.max_batch(), in, hidden, out, units_);
+    adam_ = {float(o.lr), float(o.beta1), float(o.beta2), float(o.eps), float(o.weight_decay), decoupled, false, 0};
+    const auto tensors = Net::named_parameter_infos();
+    if (tensors.size() != 4) fail("fused_mlp_trainer: expected 4 parameter tensors, found ", tensors.size());
+    fused_parameter* targets[] = {&arguments_.w1, &arguments_.b1, &arguments_.w2, &arguments_.b2};
+    for (std::size_t i = 0; i < 4; ++i) {
+      const index_t offset = tensors[i].offset;
+      *targets[i] = {net.parameter_values().data() + offset, net.gradient_values().data() + offset,
+                     exp_avg_.data() + offset, exp_avg_sq_.data() + offset};
+    }
+    const cudaStream_t stream = kiln::cuda::current_stream();
+    KILN_CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, sizeof(float) * std::size_t(exp_avg_.size()), stream));
+    KILN_CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, sizeof(float) * std::size_t(exp_avg_sq_.size()), stream));
+    KILN_CUDA_CHECK(cudaMemsetAsync(step_.data(), 0, sizeof(long long), stream));
+  }
+  // AdamW's hyper-parameters (its default weight decay 0.01, decoupled from the gradient).
+  fused_mlp_trainer(Net& net, const optim::adamw_options& o)
+      : fused_mlp_trainer(net,
+                          optim::adam_options{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
+                                              .weight_decay = o.weight_decay, .amsgrad = o.amsgrad,
+                                              .regularize = o.regularize, .clip = o.clip},
+                          true) {}
+
+  // Hidden units per block of the kernel (1, 2, 4 or 8; kernels::cuda::fused_mlp_auto_units(Hidden) until set): fewer
+  // give more blocks, each reading the whole batch. For measuring the split; the results agree to rounding either way.
+  void set_units_per_block(int units) {
+    kernels::cuda::check_fused_mlp(net_.max_batch(), in, hidden, out, units);
+    units_ = units;
+  }
+  int units_per_block() const { return units_; }
+
+  fused_mlp_trainer(const fused_mlp_trainer&) = delete;
+  fused_mlp_trainer& operator=(const fused_mlp_trainer&) = delete;
+
+  // One step on a batch in device memory; waits for it and returns its loss. A label outside [0, Out) is a
+  // kiln::error naming the row and the label, after the step (as the CUDA loss kernels report it).
+  float train_step(resident_t, tensor_view<const float> x, tensor_view<const std::int64_t> labels) {
+    enqueue_train_step(resident, x, labels, loss_.data());
+    float loss = 0;
+    unsigned long long flagged = 0;
+    const cudaStream_t stream = kiln::cuda::current_stream();
+    KILN_CUDA_CHECK(cudaMemcpyAsync(&loss, loss_.data(), sizeof loss, cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(&flagged, bad_label_.data(), sizeof flagged, cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (flagged != no_flag)
+      kernels::cuda::detail::fail_flagged_label("cross_entropy", labels.data(), static_cast<long long>(flagged), out,
+                                                kernels::class_loss_options<float>{});
+    return loss;
+  }
+
+  // The same step with nothing waiting: the loss goes to loss_out (device memory). Labels are not checked here (a
+  // row whose label is out of range adds nothing to the loss), as Sequential::enqueue_train_step.
+  void enqueue_train_step(resident_t, tensor_view<const float> x, tensor_view<const std::int64_t> labels,
+                          float* loss_out) {
+    const index_t batch = x.rank() > 0 ? x.extent(0) : 0;
+    if (x.rank() != Net::input_shape::rank + 1 || batch < 1 || x.numel() != batch * in || batch > net_.max_batch())
+      fail("fused_mlp_trainer::train_step: expected a batch of 1 to ", net_.max_batch(), " samples of ", in,
+           " values (", Net::input_shape::rank, " dimensions each), found shape ", x.shape());
+    if (labels.numel() != batch)
+      fail("fused_mlp_trainer::train_step: expected ", batch, " labels, one per sample, found ", labels.numel());
+    const cudaStream_t stream = kiln::cuda::current_stream();
+    KILN_CUDA_CHECK(cudaMemsetAsync(bad_label_.data(), 0xff, sizeof(long long), stream));
+    arguments_.x = x.data();
+    arguments_.labels = labels.data();
+    arguments_.batch = batch;
+    arguments_.in = in;
+    arguments_.hidden = hidden;
+    arguments_.out = out;
+    arguments_.hidden_values = hidden_values_.data();
+    arguments_.step = step_.data();
+    arguments_.loss = loss_out;
+    arguments_.bad_label = bad_label_.data();
+    arguments_.loss_scale = kernels::reduction_scale<float>("cross_entropy", reduction::mean, batch);
+    arguments_.adam = adam_;
+    kernels::cuda::fused_mlp_step(arguments_, units_);
+  }
+
+  // Adam's steps taken so far (waits for the device).
+  long long steps() const {
+    long long taken = 0;
+    KILN_CUDA_CHECK(cudaMemcpy(&taken, step_.data(), sizeof taken, cudaMemcpyDeviceToHost));
+    return taken;
+  }
+
+ private:
+  using fused_parameter = kernels::cuda::fused_parameter;
+  // No row flagged: every bit set, the largest value of the unsigned minimum the kernel keeps.
+  static constexpr unsigned long long no_flag = ~0ull;
+
+  Net& net_;
+  kiln::cuda::device_buffer<float> exp_avg_, exp_avg_sq_, hidden_values_;
+  kiln::cuda::device_buffer<long long> step_;
+  kiln::cuda::device_buffer<float> loss_;
+  kiln::cuda::device_buffer<long long> bad_label_;
+  kernels::cuda::adam_step_args<float> adam_{};
+  kernels::cuda::fused_mlp_step_arguments arguments_{};
+  int units_ = kernels::cuda::fused_mlp_auto_units(hidden);
+};
+
+}  // namespace kiln
