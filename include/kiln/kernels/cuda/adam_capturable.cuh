@@ -22,19 +22,26 @@ __global__ void advance_count_kernel(Count* count) {
   *count += 1;
 }
 
-// adam_op with its constants computed from *step, by the formulas adam_update uses on the host (double-precision
-// powers rounded to T). Every thread derives them itself: two powers per thread cost less than another launch.
+// Adam's constants for step `step`, by the formulas adam_update uses on the host (double-precision powers rounded to
+// T), for kernels that read the step count on the device.
+template <class T>
+__device__ inline adam_constants<T> adam_constants_at(const adam_step_args<T>& a, long long step) {
+  const double s = static_cast<double>(step);
+  const T bias_correction1 = T(1) - static_cast<T>(pow(static_cast<double>(a.beta1), s));
+  const T bias_correction2 = T(1) - static_cast<T>(pow(static_cast<double>(a.beta2), s));
+  return {a.lr / bias_correction1, T(1) / bias_correction2, T(1) - a.lr * a.weight_decay};
+}
+
+// adam_op with its constants computed from *step. Every thread derives them itself: two powers per thread cost less
+// than another launch.
 template <class T>
 struct capturable_adam_op {
   adam_op<T> op;
   const long long* step;
   template <int W>
   __device__ void apply(index_t i) const {
-    const double s = static_cast<double>(*step);
-    const T bias_correction1 = T(1) - static_cast<T>(pow(static_cast<double>(op.a.beta1), s));
-    const T bias_correction2 = T(1) - static_cast<T>(pow(static_cast<double>(op.a.beta2), s));
     adam_op<T> now = op;
-    now.c = {op.a.lr / bias_correction1, T(1) / bias_correction2, T(1) - op.a.lr * op.a.weight_decay};
+    now.c = adam_constants_at(op.a, *step);
     now.template apply<W>(i);
   }
 };

@@ -26,6 +26,7 @@
 #include "kiln/core/cuda/device.cuh"
 #include "kiln/core/cuda/stream.cuh"
 #include "kiln/core/error.hpp"
+#include "kiln/kernels/cuda/adam_capturable.cuh"
 #include "kiln/kernels/cuda/launch.cuh"
 #include "kiln/kernels/cuda/optim.cuh"
 
@@ -60,16 +61,13 @@ struct fused_mlp_step_arguments {
 
 namespace detail {
 
-// Adam on one element, as adam_op::apply (kernels/cuda/optim.cuh) with constants from capturable_adam_op.
+// Adam on this launch's elements: adam_element (kernels/cuda/optim.cuh) with the constants of the step count on the
+// device (adam_constants_at, as the capturable Adam).
 struct fused_adam {
   adam_step_args<float> a;
   adam_constants<float> c;
-  __device__ fused_adam(const adam_step_args<float>& args, long long step) : a(args) {
-    const double s = static_cast<double>(step);
-    const float bias_correction1 = 1.0f - static_cast<float>(pow(static_cast<double>(a.beta1), s));
-    const float bias_correction2 = 1.0f - static_cast<float>(pow(static_cast<double>(a.beta2), s));
-    c = {a.lr / bias_correction1, 1.0f / bias_correction2, 1.0f - a.lr * a.weight_decay};
-  }
+  __device__ fused_adam(const adam_step_args<float>& args, long long step)
+      : a(args), c(adam_constants_at(args, step)) {}
   // Stores g as the gradient and updates value and moments at index i of p.
   __device__ void update(const fused_parameter& p, index_t i, float g) const {
     p.grad[i] = g;
@@ -81,7 +79,7 @@ struct fused_adam {
   }
   // The same for the first `count` of N elements at once: every load is issued before any store, since the compiler
   // may not move a load above a store to memory that might alias it, and loads one after another would each wait
-  // for the last (a W1 update of 8 units took 8 round trips instead of one).
+  // for the last (with 8 units per block, the MNIST MLP's step went from 115.8 to 101.7 us on an H100).
   template <int N>
   __device__ void update(const fused_parameter& p, const index_t (&index)[N], const float (&grads)[N],
                          int count) const {
@@ -104,18 +102,10 @@ struct fused_adam {
         p.value[index[k]] = value[k];
       }
   }
-  // One element's update, as adam_op::apply.
+  // One element's update: adam_element, as adam_op (amsgrad off).
   __device__ void step(float& value, float& m, float& v, float g) const {
-    if (a.weight_decay != 0.0f) {
-      if (a.decoupled_weight_decay)
-        value *= c.decay;
-      else
-        g += a.weight_decay * value;
-    }
-    m = m + (g - m) * (1.0f - a.beta1);
-    v = a.beta2 * v + (1.0f - a.beta2) * g * g;
-    const float denom = sqrtf(v * c.inverse_bias_correction2) + a.eps;
-    value = value - c.step_size * (m / denom);
+    float unused_max = 0.0f;
+    adam_element(value, m, v, unused_max, g, a, c);
   }
 };
 

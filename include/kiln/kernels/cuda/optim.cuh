@@ -54,6 +54,29 @@ struct adam_constants {
   T step_size, inverse_bias_correction2, decay;
 };
 
+// One element of Adam's update given its gradient g: weight decay (L2 into the gradient, or AdamW's decay of the
+// parameter), both moments, amsgrad's running maximum (read and written only with a.amsgrad) and the step. The
+// arithmetic of every GPU Adam: adam_op here and the fused MLP step (fused_mlp.cuh).
+template <class T>
+__device__ inline void adam_element(T& param, T& m, T& v, T& v_max, T g, const adam_step_args<T>& a,
+                                    const adam_constants<T>& c) {
+  if (a.weight_decay != T(0)) {
+    if (a.decoupled_weight_decay)
+      param *= c.decay;
+    else
+      g += a.weight_decay * param;
+  }
+  m = m + (g - m) * (T(1) - a.beta1);
+  v = a.beta2 * v + (T(1) - a.beta2) * g * g;
+  T second = v;
+  if (a.amsgrad) {
+    second = v_max < second ? second : v_max;
+    v_max = second;
+  }
+  const T denom = sqrt(second * c.inverse_bias_correction2) + a.eps;  // as the CPU kernel
+  param = param - c.step_size * (m / denom);
+}
+
 template <class T>
 struct adam_op {
   T *param;
@@ -68,24 +91,7 @@ struct adam_op {
     vec<T, W> vmax{};
     if (a.amsgrad) vmax = load<W>(exp_avg_sq_max + i);
 #pragma unroll
-    for (int k = 0; k < W; ++k) {
-      T g = gv.v[k];
-      if (a.weight_decay != T(0)) {
-        if (a.decoupled_weight_decay)
-          p.v[k] *= c.decay;
-        else
-          g += a.weight_decay * p.v[k];
-      }
-      m.v[k] = m.v[k] + (g - m.v[k]) * (T(1) - a.beta1);
-      v.v[k] = a.beta2 * v.v[k] + (T(1) - a.beta2) * g * g;
-      T second = v.v[k];
-      if (a.amsgrad) {
-        second = vmax.v[k] < second ? second : vmax.v[k];
-        vmax.v[k] = second;
-      }
-      const T denom = sqrt(second * c.inverse_bias_correction2) + a.eps;  // as the CPU kernel
-      p.v[k] = p.v[k] - c.step_size * (m.v[k] / denom);
-    }
+    for (int k = 0; k < W; ++k) adam_element(p.v[k], m.v[k], v.v[k], vmax.v[k], gv.v[k], a, c);
     store<W>(exp_avg + i, m);
     store<W>(exp_avg_sq + i, v);
     if (a.amsgrad) store<W>(exp_avg_sq_max + i, vmax);
