@@ -5,7 +5,8 @@
 //   3 static unfused      compile-time graph and planned workspace, the same per-op kernels as rung 2
 //   4 static + fusion     bias and activation inside the GEMM's epilogue
 //   5 static + flat       one optimizer update over one flat parameter buffer
-// (6 and 7, the captured step graph and the fully fused kernel, are GPU rungs.)
+// (6 and 7, the captured step graph and the fully fused kernel, are GPU rungs: bench/cuda/mnist_gpu runs the MNIST
+// MLP on them, gpu_graph and gpu_fused_async, beside rungs 2 and 5 on the GPU.)
 // Before any time is reported, every rung's losses over the first steps must be identical to rung 1's: they run the
 // same kernels on the same numbers, so anything else is a bug. On mnist_mlp a data loader assembles each batch right
 // before its step and the two are timed apart, as the peers (bench/peers) time their index_select and step.
