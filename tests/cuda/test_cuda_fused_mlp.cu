@@ -150,4 +150,9 @@ TEST_CASE("the fused step refuses what it cannot run, with a kiln::error") {
   const float loss = trainer.train_step(resident, x, tensor_view<const std::int64_t>(b.y.data(), shape{8}));
   CHECK(std::isfinite(loss));
   CHECK(loss > 0.0f);
+  // A frozen layer is refused rather than trained.
+  net.freeze(1);
+  CHECK_THROWS_AS(trainer.train_step(resident, x, tensor_view<const std::int64_t>(b.y.data(), shape{8})), kiln::error);
+  net.unfreeze(1);
+  CHECK(std::isfinite(trainer.train_step(resident, x, tensor_view<const std::int64_t>(b.y.data(), shape{8}))));
 }

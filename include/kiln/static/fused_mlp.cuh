@@ -140,6 +140,11 @@ class fused_mlp_trainer {
            " values (", Net::input_shape::rank, " dimensions each), found shape ", x.shape());
     if (labels.numel() != batch)
       fail("fused_mlp_trainer::train_step: expected ", batch, " labels, one per sample, found ", labels.numel());
+    // The kernel updates every parameter: a frozen layer would silently train.
+    for (std::size_t layer = 0; layer < Net::layer_count; ++layer)
+      if (net_.is_frozen(layer))
+        fail("fused_mlp_trainer::train_step: expected no frozen layer (the fused step updates them all), found layer ",
+             layer, " frozen; train it with Sequential::train_step instead");
     const cudaStream_t stream = kiln::cuda::current_stream();
     KILN_CUDA_CHECK(cudaMemsetAsync(bad_label_.data(), 0xff, sizeof(long long), stream));
     arguments_.x = x.data();
