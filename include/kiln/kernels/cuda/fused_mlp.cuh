@@ -1,11 +1,11 @@
 // One training step of a one-hidden-layer MLP as a single kernel launch: x -> Dense(hidden, ReLU) -> Dense(out) ->
 // softmax cross-entropy (mean) -> gradients -> Adam on every parameter. The ladder's rung 7 ("fully fused kernel,
 // GPU, small MLPs"): where rung 6 replays a graph of some twenty launches, this is one launch and two grid-wide
-// barriers, and nothing but the batch, the weights and the hidden layer's output crosses device memory.
+// barriers, and the only intermediate values that pass through device memory are the hidden layer's outputs.
 //
-// How the work is split: block b owns hidden units [b * units, (b + 1) * units), units being 1, 2, 4 or 8: their rows of
-// W1 and b1, their columns of W2, and every gradient and Adam update of those. Its W1 rows wait in shared memory for
-// the forward product. The head (out x hidden, with out at most 32) is small, so every block computes the logits,
+// How the work is split: block b owns hidden units [b * units, (b + 1) * units), units being 1, 2, 4 or 8: their
+// rows of W1 and b1, their columns of W2, and every gradient and Adam update of those. Its W1 rows wait in shared
+// memory for the forward product. The head (out x hidden, with out at most 32) is small, so every block computes the logits,
 // the loss and dL/dlogits of the whole batch itself rather than wait for one block to share them: the only values a
 // block needs from the others are the hidden activations, hence the first barrier. The second keeps every block from
 // updating its columns of W2 before all have read W2 for the logits.
