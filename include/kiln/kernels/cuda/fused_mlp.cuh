@@ -5,10 +5,10 @@
 //
 // How the work is split: block b owns hidden units [b * units, (b + 1) * units), units being 1, 2, 4 or 8: their
 // rows of W1 and b1, their columns of W2, and every gradient and Adam update of those. Its W1 rows wait in shared
-// memory for the forward product. The head (out x hidden, with out at most 32) is small, so every block computes the logits,
-// the loss and dL/dlogits of the whole batch itself rather than wait for one block to share them: the only values a
-// block needs from the others are the hidden activations, hence the first barrier. The second keeps every block from
-// updating its columns of W2 before all have read W2 for the logits.
+// memory for the forward product. The head (out x hidden, with out at most 32) is small, so every block computes
+// the logits, the loss and dL/dlogits of the whole batch itself rather than wait for one block to share them: the
+// only values a block needs from the others are the hidden activations, hence the first barrier. The second keeps
+// every block from updating its columns of W2 before all have read W2 for the logits.
 //
 // Arithmetic is kiln's (the loss and Adam as in the CUDA policies' kernels, each product a plain FMA-free sum since
 // kiln builds its CUDA code with --fmad=false), but the products sum in another order than cuBLAS: losses agree with
