@@ -81,7 +81,15 @@ class fused_mlp_trainer {
       fail("fused_mlp_trainer: expected lr, eps and weight decay >= 0 and betas in [0, 1), found lr ", o.lr, ", eps ",
            o.eps, ", weight decay ", o.weight_decay, ", betas ", o.beta1, " and ", o.beta2);
     kernels::cuda::check_fused_mlp(net.max_batch(), in, hidden, out, units_);
-    adam_ = {float(o.lr), float(o.beta1), float(o.beta2), float(o.eps), float(o.weight_decay), decoupled, false, 0};
+    // What every step passes alike; enqueue_train_step fills in the batch.
+    arguments_.in = in;
+    arguments_.hidden = hidden;
+    arguments_.out = out;
+    arguments_.hidden_values = hidden_values_.data();
+    arguments_.step = step_.data();
+    arguments_.bad_label = bad_label_.data();
+    arguments_.adam = {float(o.lr),           float(o.beta1), float(o.beta2), float(o.eps),
+                       float(o.weight_decay), decoupled,      false,          0};
     const auto tensors = Net::named_parameter_infos();
     if (tensors.size() != 4) fail("fused_mlp_trainer: expected 4 parameter tensors, found ", tensors.size());
     fused_parameter* targets[] = {&arguments_.w1, &arguments_.b1, &arguments_.w2, &arguments_.b2};
@@ -150,15 +158,8 @@ class fused_mlp_trainer {
     arguments_.x = x.data();
     arguments_.labels = labels.data();
     arguments_.batch = batch;
-    arguments_.in = in;
-    arguments_.hidden = hidden;
-    arguments_.out = out;
-    arguments_.hidden_values = hidden_values_.data();
-    arguments_.step = step_.data();
     arguments_.loss = loss_out;
-    arguments_.bad_label = bad_label_.data();
     arguments_.loss_scale = kernels::reduction_scale<float>("cross_entropy", reduction::mean, batch);
-    arguments_.adam = adam_;
     kernels::cuda::fused_mlp_step(arguments_, units_);
   }
 
@@ -179,7 +180,6 @@ class fused_mlp_trainer {
   kiln::cuda::device_buffer<long long> step_;
   kiln::cuda::device_buffer<float> loss_;
   kiln::cuda::device_buffer<long long> bad_label_;
-  kernels::cuda::adam_step_args<float> adam_{};
   kernels::cuda::fused_mlp_step_arguments arguments_{};
   int units_ = kernels::cuda::fused_mlp_auto_units(hidden);
 };
