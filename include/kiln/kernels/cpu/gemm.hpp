@@ -310,21 +310,37 @@ void gemm_threaded(const gemm_problem<T>& g) {
     return;
   }
 #if defined(_OPENMP)
+  const index_t m_panels = ceil_div(g.m, register_block<T>::mr);
+  const index_t n_panels = ceil_div(g.n, register_block<T>::nr);
+  // A split along one dimension (always, on two threads) follows the threads' speeds (thread_balance.hpp); a grid
+  // splits equally.
+  static thread_balance balance;
+  const thread_grid planned = choose_thread_grid<T>(g.m, g.n, threads);
+  const bool balanced = planned.threads_m == 1 || planned.threads_n == 1;
+  const index_t balanced_panels = planned.threads_m == 1 ? n_panels : m_panels;
+  const thread_split split = balanced ? balance.split(threads) : thread_split::equal(threads);
+  run_clock clock;
+  bool whole_team = true;
 #pragma omp parallel num_threads(threads)
   {
     // The team may be smaller than asked for (nested parallelism, dynamic adjustment): split by the actual size.
     const int team = omp_get_num_threads();
     const int id = omp_get_thread_num();
-    const thread_grid grid = choose_thread_grid<T>(g.m, g.n, team);
+    const thread_grid grid = team == threads ? planned : choose_thread_grid<T>(g.m, g.n, team);
     const int tm = id / grid.threads_n, tn = id % grid.threads_n;
-    const index_t m_panels = ceil_div(g.m, register_block<T>::mr);
-    const index_t n_panels = ceil_div(g.n, register_block<T>::nr);
-    const index_t i0 = std::min(g.m, m_panels * tm / grid.threads_m * register_block<T>::mr);
-    const index_t i1 = std::min(g.m, m_panels * (tm + 1) / grid.threads_m * register_block<T>::mr);
-    const index_t j0 = std::min(g.n, n_panels * tn / grid.threads_n * register_block<T>::nr);
-    const index_t j1 = std::min(g.n, n_panels * (tn + 1) / grid.threads_n * register_block<T>::nr);
-    gemm_blocked(g, i0, i1, j0, j1, grid.threads_m == 1 ? double(tn) / grid.threads_n : 0.0);
+    const thread_split& rows =
+        grid.threads_m == team && team == split.team ? split : thread_split::equal(grid.threads_m);
+    const thread_split& cols =
+        grid.threads_n == team && team == split.team ? split : thread_split::equal(grid.threads_n);
+    const index_t i0 = std::min(g.m, rows.begin(m_panels, tm) * register_block<T>::mr);
+    const index_t i1 = std::min(g.m, rows.end(m_panels, tm) * register_block<T>::mr);
+    const index_t j0 = std::min(g.n, cols.begin(n_panels, tn) * register_block<T>::nr);
+    const index_t j1 = std::min(g.n, cols.end(n_panels, tn) * register_block<T>::nr);
+    gemm_blocked(g, i0, i1, j0, j1, grid.threads_m == 1 ? double(cols.starts[tn]) : 0.0);
+    clock.finish(id);
+    if (id == 0 && team != threads) whole_team = false;
   }
+  if (balanced && whole_team) balance.record(split, balanced_panels, clock);
 #endif
 }
 

@@ -41,6 +41,7 @@
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
 #include "kiln/kernels/cpu/gemm_scratch.hpp"
 #include "kiln/kernels/cpu/product_precision.hpp"
+#include "kiln/kernels/cpu/thread_balance.hpp"
 
 // (Not in code that nvcc compiles: its front end does not know the tile intrinsics, and the CPU GEMMs of a CUDA
 // program's host code are not the ones that matter.)
@@ -842,17 +843,30 @@ inline void amx_threaded(const amx_problem& g, int threads) {
   // against 26 us, which read half of each thread's gradient from the other core's cache.
   if (!g.transposed_output && b_fits_whole(g.k, col_tiles) && row_tiles >= 2 * index_t(threads)) best_tm = threads;
 #if defined(_OPENMP)
+  // A split along one dimension (always, on two threads) follows the threads' speeds (thread_balance.hpp); a grid
+  // splits equally.
+  static thread_balance balance;
+  const bool balanced = best_tm == 1 || best_tm == threads;
+  const index_t balanced_tiles = best_tm == 1 ? col_tiles : row_tiles;
+  const thread_split split = balanced ? balance.split(threads) : thread_split::equal(threads);
+  run_clock clock;
+  bool whole_team = true;
 #pragma omp parallel num_threads(threads)
   {
     const int team = omp_get_num_threads(), id = omp_get_thread_num();
     const int tm = team == threads ? best_tm : 1, tn = team / tm;
     const int my_m = id / tn, my_n = id % tn;
-    const index_t i0 = std::min(g.m, row_tiles * my_m / tm * tile_rows);
-    const index_t i1 = std::min(g.m, row_tiles * (my_m + 1) / tm * tile_rows);
-    const index_t j0 = std::min(g.n, col_tiles * my_n / tn * tile_rows);
-    const index_t j1 = std::min(g.n, col_tiles * (my_n + 1) / tn * tile_rows);
+    const thread_split& rows = tm == team && team == split.team ? split : thread_split::equal(tm);
+    const thread_split& cols = tn == team && team == split.team ? split : thread_split::equal(tn);
+    const index_t i0 = std::min(g.m, rows.begin(row_tiles, my_m) * tile_rows);
+    const index_t i1 = std::min(g.m, rows.end(row_tiles, my_m) * tile_rows);
+    const index_t j0 = std::min(g.n, cols.begin(col_tiles, my_n) * tile_rows);
+    const index_t j1 = std::min(g.n, cols.end(col_tiles, my_n) * tile_rows);
     amx_block(g, i0, i1, j0, j1);
+    clock.finish(id);
+    if (id == 0 && team != threads) whole_team = false;
   }
+  if (balanced && whole_team) balance.record(split, balanced_tiles, clock);
 #else
   amx_block(g, 0, g.m, 0, g.n);
 #endif

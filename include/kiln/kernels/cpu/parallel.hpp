@@ -1,12 +1,14 @@
 // Splits an element-wise loop over the CPU threads: contiguous chunks, one per thread, cut at multiples of 64 bytes so
-// that no two threads write into one cache line. Each element is computed by the same code whatever the thread count,
-// so results are bit-identical on one thread and on many.
+// that no two threads write into one cache line, sized by each thread's recent speed (thread_balance.hpp). Each
+// element is computed by the same code whatever the thread count and the split, so results are bit-identical on one
+// thread and on many.
 #pragma once
 
 #include <algorithm>
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/threads.hpp"
+#include "kiln/kernels/cpu/thread_balance.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -23,14 +25,24 @@ void parallel_chunks(index_t n, Body&& body) {
   }
 #if defined(_OPENMP)
   constexpr index_t line = 64 / index_t(sizeof(T)) > 0 ? 64 / index_t(sizeof(T)) : 1;
+  const index_t lines = (n + line - 1) / line;
+  // One balance per loop: Body is each call site's own lambda.
+  static thread_balance balance;
+  const thread_split split = balance.split(threads);
+  run_clock clock;
+  bool whole_team = true;
 #pragma omp parallel num_threads(threads)
   {
-    const index_t team = omp_get_num_threads(), id = omp_get_thread_num();
-    const index_t lines = (n + line - 1) / line;
-    const index_t begin = std::min(n, lines * id / team * line);
-    const index_t end = std::min(n, lines * (id + 1) / team * line);
+    const int team = omp_get_num_threads(), id = omp_get_thread_num();
+    // The team may be smaller than asked for (nested parallelism, dynamic adjustment): then split equally.
+    const thread_split& mine = team == split.team ? split : thread_split::equal(team);
+    const index_t begin = std::min(n, mine.begin(lines, id) * line);
+    const index_t end = std::min(n, mine.end(lines, id) * line);
     if (begin < end) body(begin, end);
+    clock.finish(id);
+    if (id == 0 && team != split.team) whole_team = false;
   }
+  if (whole_team) balance.record(split, lines, clock);
 #else
   body(index_t{0}, n);
 #endif
