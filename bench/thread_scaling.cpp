@@ -3,16 +3,22 @@
 // all of them alike. Separate runs a few seconds apart differ by up to 1.7x on this project's VMs (bench/RESULTS.md),
 // more than the effect measured.
 //
-//   thread_scaling [--threads N] [--epochs 2] [--block 16] [--data DIR] [--precision single|bf16x3|bf16]
+//   thread_scaling [--threads N] [--epochs 2] [--block 16] [--batches-ready] [--profile] [--data DIR]
+//                  [--precision single|bf16x3|bf16]
 //
+// As in bench/ladder, each mode's data loader puts each batch together right before its step, on the mode's threads,
+// and that is timed apart; --batches-ready assembles every batch before timing instead, so that each step reads its
+// batch from memory.
 // Modes, each with its own copy of the same model (same seed, same batches in the same order):
 //   1 thread;
 //   N threads, the work split equally (set_thread_balancing(false));
 //   N threads, the work split by each thread's recent speed (thread_balance.hpp, the default).
-// Each mode trains `--block` steps, then the next takes over, until each has trained --epochs epochs. Before any time is
-// reported, the bench checks that the three models' losses are the same bits at every step: the split of the work
+// Each mode trains `--block` steps, then the next takes over, until each has trained --epochs epochs. Before any time
+// is reported, the bench checks that the three models' losses are the same bits at every step: the split of the work
 // must not change results. Every step's time is kept; a mode's figure is the median over its steps, and the ratio is
-// also given as the median of the per-round ratios (a round: one block of each mode, about 10 ms).
+// also given as the median of the per-round ratios (a round: one block of each mode, about 10 ms), and the epoch's
+// time as the mean. --profile times each mode's steps part by part (kiln::step_profile) and prints the parts' means
+// side by side.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -35,6 +41,12 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0 : sum / double(v.size());
+}
+
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -50,7 +62,9 @@ struct mode {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--epochs", "--block", "--data"});
+  examples::flags flags(argc, argv, {"--epochs", "--block", "--batches-ready", "--profile", "--data"});
+  const bool profiled = flags.has("--profile");
+  const bool batches_ready = flags.has("--batches-ready");
   const int threads = int(flags.get_int("--threads", 2));
   const long long epochs = flags.get_int("--epochs", 2), block = flags.get_int("--block", 16);
   if (threads < 2) throw kiln::error("thread_scaling: --threads: expected 2 or more, found " + std::to_string(threads));
@@ -60,32 +74,45 @@ int main(int argc, char** argv) try {
   const bool restore_balancing = kernels::cpu::thread_balancing_active();
 
   auto dir = data::find_data_dir("mnist", flags.get("--data", ""));
-  auto train = data::load_mnist(dir, data::split::train, {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
-  // The ladder's epoch: batches of 64 in a seeded shuffled order, assembled before timing.
+  auto train =
+      data::load_mnist(dir, data::split::train, {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
+  // The ladder's epoch: batches of 64 in a seeded shuffled order.
+  const data::loader_options<float> order{.batch_size = 64, .shuffle = true, .seed = 5};
   std::vector<Tensor<float>> xs;
   std::vector<Tensor<std::int64_t>> ys;
-  data::data_loader loader(train, data::loader_options<float>{.batch_size = 64, .shuffle = true, .seed = 5});
-  for (const auto& batch : loader.epoch(0)) {
-    xs.emplace_back(batch.x);
-    ys.emplace_back(batch.y);
+  if (batches_ready) {
+    data::data_loader loader(train, order);
+    for (const auto& batch : loader.epoch(0)) {
+      xs.emplace_back(batch.x);
+      ys.emplace_back(batch.y);
+    }
   }
   const std::string multi = std::to_string(threads) + " threads";
   const std::array<mode, 3> modes{mode{"1 thread", 1, false}, mode{"equal split", threads, false},
                                   mode{"balanced split", threads, true}};
   using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+  using loader_type = data::data_loader<data::tensor_dataset<float, std::int64_t>>;
   std::vector<std::unique_ptr<Net>> nets;
   std::vector<optim::Adam> opts;
+  std::vector<std::unique_ptr<loader_type>> loaders;
   for (std::size_t m = 0; m < modes.size(); ++m) {
     nets.push_back(std::make_unique<Net>(64, 1, static_options{.fuse_epilogues = true, .flat_parameters = true}));
     opts.emplace_back(optim::adam_options{.lr = 1e-3});
+    data::loader_options<float> mine = order;
+    mine.threads = modes[m].threads;
+    loaders.push_back(std::make_unique<loader_type>(train, mine));
   }
+  const std::size_t batches = static_cast<std::size_t>(loaders[0]->batches_per_epoch());
   std::printf("kiln thread_scaling: the MNIST MLP (784-128-10, batch 64, Adam, rung 5), 1 thread against %d, in turns "
-              "of %lld steps; %s\n",
-              threads, block, examples::products_description().c_str());
+              "of %lld steps, %s; %s\n",
+              threads, block,
+              batches_ready ? "every batch assembled before timing" : "each batch assembled before its step",
+              examples::products_description().c_str());
 
-  const long long steps = epochs * static_cast<long long>(xs.size());
+  const long long steps = epochs * static_cast<long long>(batches);
   std::array<std::vector<double>, 3> times, losses;
   std::array<std::vector<double>, 3> block_medians;
+  std::array<step_profile, 3> profiles;
   using clock = std::chrono::steady_clock;
   for (long long start = 0; start < steps; start += block) {
     const long long end = std::min(steps, start + block);
@@ -94,9 +121,21 @@ int main(int argc, char** argv) try {
       kernels::cpu::set_thread_balancing(modes[m].balanced);
       std::vector<double> these;
       for (long long s = start; s < end; ++s) {
-        const std::size_t b = static_cast<std::size_t>(s) % xs.size();
+        const std::size_t b = static_cast<std::size_t>(s) % batches;
+        tensor_view<const float> x;
+        tensor_view<const std::int64_t> y;
+        if (batches_ready) {
+          x = xs[b].view();
+          y = ys[b].view();
+        } else {
+          if (b == 0) loaders[m]->start_epoch(0);
+          const auto* batch = loaders[m]->next();
+          x = batch->x;
+          y = batch->y;
+        }
         const auto t0 = clock::now();
-        const float loss = nets[m]->train_step(xs[b].view(), ys[b].view(), loss::cross_entropy{}, opts[m]);
+        const float loss = profiled ? nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m], profiles[m])
+                                    : nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m]);
         const double us = std::chrono::duration<double, std::micro>(clock::now() - t0).count();
         these.push_back(us);
         losses[m].push_back(loss);
@@ -110,26 +149,49 @@ int main(int argc, char** argv) try {
   for (std::size_t m = 1; m < modes.size(); ++m)
     for (std::size_t s = 0; s < losses[0].size(); ++s)
       if (losses[m][s] != losses[0][s]) {
-        std::fprintf(stderr, "thread_scaling: %s's loss at step %zu is %.9g, against %.9g on 1 thread: a split of the "
-                     "work changed the results\n", modes[m].name, s, losses[m][s], losses[0][s]);
+        std::fprintf(stderr,
+                     "thread_scaling: %s's loss at step %zu is %.9g, against %.9g on 1 thread: a split of the work "
+                     "changed the results\n",
+                     modes[m].name, s, losses[m][s], losses[0][s]);
         return 1;
       }
   std::printf("losses: the same bits in all three modes at all %lld steps (last %.6f)\n", steps, losses[0].back());
 
-  std::printf("\n| mode | median us | p10 | p90 | 1 thread / this (medians) | median of per-round ratios |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|\n");
+  std::printf("\n| mode | median us | p10 | p90 | mean us | 1 thread / this (medians) | median of per-round ratios | "
+              "1 thread / this (means) |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
   const double one = median(times[0]);
   for (std::size_t m = 0; m < modes.size(); ++m) {
     std::vector<double> ratios;
-    for (std::size_t r = 0; r < block_medians[m].size(); ++r) ratios.push_back(block_medians[0][r] / block_medians[m][r]);
+    for (std::size_t r = 0; r < block_medians[m].size(); ++r)
+      ratios.push_back(block_medians[0][r] / block_medians[m][r]);
     const double med = median(times[m]);
     const std::string label = m == 0 ? std::string(modes[m].name) : multi + ", " + modes[m].name;
-    std::printf("| %s | %.1f | %.1f | %.1f | %.2fx | %.2fx |\n", label.c_str(), med, quantile(times[m], 0.1),
-                quantile(times[m], 0.9), one / med, median(ratios));
-    std::printf("RESULT bench=thread_scaling workload=mnist_mlp threads=%d split=%s step_us=%.3f p10_us=%.3f "
-                "p90_us=%.3f speedup=%.3f round_speedup=%.3f\n",
-                modes[m].threads, m == 0 ? "none" : (modes[m].balanced ? "balanced" : "equal"), med,
-                quantile(times[m], 0.1), quantile(times[m], 0.9), one / med, median(ratios));
+    std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx | %.2fx |\n", label.c_str(), med,
+                quantile(times[m], 0.1), quantile(times[m], 0.9), mean(times[m]), one / med, median(ratios),
+                mean(times[0]) / mean(times[m]));
+    std::printf("RESULT bench=thread_scaling workload=mnist_mlp threads=%d split=%s batches_ready=%d step_us=%.3f "
+                "p10_us=%.3f p90_us=%.3f mean_us=%.3f speedup=%.3f round_speedup=%.3f mean_speedup=%.3f\n",
+                modes[m].threads, m == 0 ? "none" : (modes[m].balanced ? "balanced" : "equal"), int(batches_ready), med,
+                quantile(times[m], 0.1), quantile(times[m], 0.9), mean(times[m]), one / med, median(ratios),
+                mean(times[0]) / mean(times[m]));
+  }
+  if (profiled) {
+    std::printf("\nparts, mean us per step:\n\n| part | %s | %s | %s |\n|---|---:|---:|---:|\n", modes[0].name,
+                modes[1].name, modes[2].name);
+    auto row = [&](const std::string& part, auto seconds_of) {
+      std::printf("| %s |", part.c_str());
+      for (const auto& p : profiles) std::printf(" %.2f |", p.per_step_us(seconds_of(p)));
+      std::printf("\n");
+    };
+    const auto& layers = profiles[0].layers;
+    for (std::size_t i = 0; i < layers.size(); ++i)
+      row("forward " + layers[i], [i](const step_profile& p) { return p.forward_seconds[i]; });
+    row("loss and its gradient", [](const step_profile& p) { return p.loss_seconds; });
+    for (std::size_t i = layers.size(); i-- > 0;)
+      row("backward " + layers[i], [i](const step_profile& p) { return p.backward_seconds[i]; });
+    row("optimizer update", [](const step_profile& p) { return p.update_seconds; });
+    row("total", [](const step_profile& p) { return p.total_seconds(); });
   }
   return 0;
 } catch (const std::exception& e) {
