@@ -17,8 +17,9 @@
 // is reported, the bench checks that the three models' losses are the same bits at every step: the split of the work
 // must not change results. Every step's time is kept; a mode's figure is the median over its steps, and the ratio is
 // also given as the median of the per-round ratios (a round: one block of each mode, about 10 ms), and the epoch's
-// time as the mean. --profile times each mode's steps part by part (kiln::step_profile) and prints the parts' means
-// side by side.
+// time as the mean. --profile times each mode's steps part by part (kiln::step_profile) and prints each part's
+// median and 10th percentile over the steps, the modes side by side (the fastest tenth shows the parts when both
+// cores run at full speed).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -112,7 +113,9 @@ int main(int argc, char** argv) try {
   const long long steps = epochs * static_cast<long long>(batches);
   std::array<std::vector<double>, 3> times, losses;
   std::array<std::vector<double>, 3> block_medians;
-  std::array<step_profile, 3> profiles;
+  // --profile: each step's parts, in step_profile's order (the forwards, the loss, the backwards, the update).
+  std::array<std::vector<std::vector<double>>, 3> parts;
+  std::vector<std::string> layers;
   using clock = std::chrono::steady_clock;
   for (long long start = 0; start < steps; start += block) {
     const long long end = std::min(steps, start + block);
@@ -134,8 +137,19 @@ int main(int argc, char** argv) try {
           y = batch->y;
         }
         const auto t0 = clock::now();
-        const float loss = profiled ? nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m], profiles[m])
+        step_profile profile;
+        const float loss = profiled ? nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m], profile)
                                     : nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m]);
+        if (profiled) {
+          std::vector<double> us_of_parts;
+          for (double seconds : profile.forward_seconds) us_of_parts.push_back(seconds * 1e6);
+          us_of_parts.push_back(profile.loss_seconds * 1e6);
+          for (std::size_t i = profile.backward_seconds.size(); i-- > 0;)
+            us_of_parts.push_back(profile.backward_seconds[i] * 1e6);
+          us_of_parts.push_back(profile.update_seconds * 1e6);
+          parts[m].push_back(std::move(us_of_parts));
+          if (layers.empty()) layers = profile.layers;
+        }
         const double us = std::chrono::duration<double, std::micro>(clock::now() - t0).count();
         these.push_back(us);
         losses[m].push_back(loss);
@@ -176,22 +190,23 @@ int main(int argc, char** argv) try {
                 quantile(times[m], 0.1), quantile(times[m], 0.9), mean(times[m]), one / med, median(ratios),
                 mean(times[0]) / mean(times[m]));
   }
-  if (profiled) {
-    std::printf("\nparts, mean us per step:\n\n| part | %s | %s | %s |\n|---|---:|---:|---:|\n", modes[0].name,
-                modes[1].name, modes[2].name);
-    auto row = [&](const std::string& part, auto seconds_of) {
-      std::printf("| %s |", part.c_str());
-      for (const auto& p : profiles) std::printf(" %.2f |", p.per_step_us(seconds_of(p)));
+  if (profiled && !parts[0].empty()) {
+    std::vector<std::string> names;
+    for (const auto& layer : layers) names.push_back("forward " + layer);
+    names.push_back("loss and its gradient");
+    for (std::size_t i = layers.size(); i-- > 0;) names.push_back("backward " + layers[i]);
+    names.push_back("optimizer update");
+    std::printf("\nparts, us per step: median (p10)\n\n| part | %s | %s, %s | %s, %s |\n|---|---:|---:|---:|\n",
+                modes[0].name, multi.c_str(), modes[1].name, multi.c_str(), modes[2].name);
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      std::printf("| %s |", names[k].c_str());
+      for (std::size_t m = 0; m < modes.size(); ++m) {
+        std::vector<double> v;
+        for (const auto& step : parts[m]) v.push_back(step[k]);
+        std::printf(" %.2f (%.2f) |", median(v), quantile(v, 0.1));
+      }
       std::printf("\n");
-    };
-    const auto& layers = profiles[0].layers;
-    for (std::size_t i = 0; i < layers.size(); ++i)
-      row("forward " + layers[i], [i](const step_profile& p) { return p.forward_seconds[i]; });
-    row("loss and its gradient", [](const step_profile& p) { return p.loss_seconds; });
-    for (std::size_t i = layers.size(); i-- > 0;)
-      row("backward " + layers[i], [i](const step_profile& p) { return p.backward_seconds[i]; });
-    row("optimizer update", [](const step_profile& p) { return p.update_seconds; });
-    row("total", [](const step_profile& p) { return p.total_seconds(); });
+    }
   }
   return 0;
 } catch (const std::exception& e) {

@@ -6,7 +6,8 @@
 // parallel loops runs at the pace of the slower core, sometimes slower on two threads than on one (bench/RESULTS.md).
 // A hybrid CPU's performance and efficiency cores differ the same way, for good. A thread_balance keeps each thread's share of one kind of work, and after every parallel run moves
 // the shares toward equal finishing times: a thread that finished late gets less next time. The shares move by a
-// fraction per run, so that one interrupted run does not swing them, and never fall below half of an equal share.
+// fraction per run, so that one interrupted run does not swing them, and never fall below half of an equal share;
+// shares within 8% of equal split equally, so that cores running alike keep the same boundaries from run to run.
 //
 // Results do not depend on the split: every kernel that splits this way computes each element by the same code
 // whichever thread runs it, so one thread, two equal halves and any balanced split give the same bits.
@@ -120,6 +121,8 @@ class thread_balance {
  public:
   // How much of the distance to the run's ideal shares each run moves them.
   static constexpr double step = 0.125;
+  // Shares within this fraction of an equal share all round split equally.
+  static constexpr double equal_band = 0.08;
 
   // The split for a team of `team` threads: the kept shares, or equal ones where balancing is off or the team size
   // differs from the last recorded run's.
@@ -133,6 +136,12 @@ class thread_balance {
     }
     std::lock_guard lock(mutex_);
     if (team != team_) return thread_split::equal(team);
+    // Shares near equal are taken as equal: timing noise keeps them a few percent off even when the cores run alike,
+    // and a split that wanders by a few percent moves the boundary between the threads' parts from run to run, so
+    // that a product's output rows and the update after it no longer meet on the same core.
+    bool near_equal = true;
+    for (int i = 0; i < team; ++i) near_equal &= std::abs(shares_[i] * team - 1.0) < equal_band;
+    if (near_equal) return thread_split::equal(team);
     return from_shares(shares_.data(), team);
   }
 
