@@ -36,6 +36,7 @@
 #include <cstdlib>
 
 #include "kiln/core/config.hpp"
+#include "kiln/core/env_switch.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
@@ -61,10 +62,7 @@ namespace amx_detail {
 
 // Whether the user allows the AMX path: set_amx_gemm, initialised from KILN_AMX ("0" turns it off).
 inline std::atomic<bool>& amx_allowed() {
-  static std::atomic<bool> allowed{[] {
-    const char* env = std::getenv("KILN_AMX");
-    return !(env && env[0] == '0' && env[1] == '\0');
-  }()};
+  static std::atomic<bool> allowed{env_switch_on("KILN_AMX")};
   return allowed;
 }
 

@@ -19,12 +19,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "kiln/core/config.hpp"
+#include "kiln/core/env_switch.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::kernels::cpu {
@@ -54,10 +54,7 @@ namespace balance_detail {
 
 // Whether the user allows balancing: set_thread_balancing, initialised from KILN_BALANCE ("0" turns it off).
 inline std::atomic<bool>& balancing_allowed() {
-  static std::atomic<bool> allowed{[] {
-    const char* env = std::getenv("KILN_BALANCE");
-    return !(env && env[0] == '0' && env[1] == '\0');
-  }()};
+  static std::atomic<bool> allowed{env_switch_on("KILN_BALANCE")};
   return allowed;
 }
 
