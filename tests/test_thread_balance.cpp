@@ -35,6 +35,7 @@ struct balance_settings_guard {
 // A run of `units` units split by `split` in which thread i took seconds[i].
 void record_run(thread_balance& balance, const thread_split& split, index_t units, std::vector<double> seconds) {
   run_clock clock;
+  clock.team = split.team;
   for (std::size_t i = 0; i < seconds.size(); ++i) clock.seconds[i] = seconds[i];
   balance.record(split, units, clock);
 }

@@ -320,7 +320,6 @@ void gemm_threaded(const gemm_problem<T>& g) {
   const index_t balanced_panels = planned.threads_m == 1 ? n_panels : m_panels;
   const thread_split split = balanced ? balance.split(threads) : thread_split::equal(threads);
   run_clock clock;
-  bool whole_team = true;
 #pragma omp parallel num_threads(threads)
   {
     // The team may be smaller than asked for (nested parallelism, dynamic adjustment): split by the actual size.
@@ -328,19 +327,15 @@ void gemm_threaded(const gemm_problem<T>& g) {
     const int id = omp_get_thread_num();
     const thread_grid grid = team == threads ? planned : choose_thread_grid<T>(g.m, g.n, team);
     const int tm = id / grid.threads_n, tn = id % grid.threads_n;
-    const thread_split& rows =
-        grid.threads_m == team && team == split.team ? split : thread_split::equal(grid.threads_m);
-    const thread_split& cols =
-        grid.threads_n == team && team == split.team ? split : thread_split::equal(grid.threads_n);
+    const thread_split rows = split.over(grid.threads_m), cols = split.over(grid.threads_n);
     const index_t i0 = std::min(g.m, rows.begin(m_panels, tm) * register_block<T>::mr);
     const index_t i1 = std::min(g.m, rows.end(m_panels, tm) * register_block<T>::mr);
     const index_t j0 = std::min(g.n, cols.begin(n_panels, tn) * register_block<T>::nr);
     const index_t j1 = std::min(g.n, cols.end(n_panels, tn) * register_block<T>::nr);
     gemm_blocked(g, i0, i1, j0, j1, grid.threads_m == 1 ? double(cols.starts[tn]) : 0.0);
-    clock.finish(id);
-    if (id == 0 && team != threads) whole_team = false;
+    clock.finish(id, team);
   }
-  if (balanced && whole_team) balance.record(split, balanced_panels, clock);
+  if (balanced) balance.record(split, balanced_panels, clock);
 #endif
 }
 

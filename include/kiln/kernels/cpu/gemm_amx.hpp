@@ -848,23 +848,20 @@ inline void amx_threaded(const amx_problem& g, int threads) {
   const index_t balanced_tiles = best_tm == 1 ? col_tiles : row_tiles;
   const thread_split split = balanced ? balance.split(threads) : thread_split::equal(threads);
   run_clock clock;
-  bool whole_team = true;
 #pragma omp parallel num_threads(threads)
   {
     const int team = omp_get_num_threads(), id = omp_get_thread_num();
     const int tm = team == threads ? best_tm : 1, tn = team / tm;
     const int my_m = id / tn, my_n = id % tn;
-    const thread_split& rows = tm == team && team == split.team ? split : thread_split::equal(tm);
-    const thread_split& cols = tn == team && team == split.team ? split : thread_split::equal(tn);
+    const thread_split rows = split.over(tm), cols = split.over(tn);
     const index_t i0 = std::min(g.m, rows.begin(row_tiles, my_m) * tile_rows);
     const index_t i1 = std::min(g.m, rows.end(row_tiles, my_m) * tile_rows);
     const index_t j0 = std::min(g.n, cols.begin(col_tiles, my_n) * tile_rows);
     const index_t j1 = std::min(g.n, cols.end(col_tiles, my_n) * tile_rows);
     amx_block(g, i0, i1, j0, j1);
-    clock.finish(id);
-    if (id == 0 && team != threads) whole_team = false;
+    clock.finish(id, team);
   }
-  if (balanced && whole_team) balance.record(split, balanced_tiles, clock);
+  if (balanced) balance.record(split, balanced_tiles, clock);
 #else
   amx_block(g, 0, g.m, 0, g.n);
 #endif

@@ -30,19 +30,17 @@ void parallel_chunks(index_t n, Body&& body) {
   static thread_balance balance;
   const thread_split split = balance.split(threads);
   run_clock clock;
-  bool whole_team = true;
 #pragma omp parallel num_threads(threads)
   {
     const int team = omp_get_num_threads(), id = omp_get_thread_num();
     // The team may be smaller than asked for (nested parallelism, dynamic adjustment): then split equally.
-    const thread_split& mine = team == split.team ? split : thread_split::equal(team);
+    const thread_split mine = split.over(team);
     const index_t begin = std::min(n, mine.begin(lines, id) * line);
     const index_t end = std::min(n, mine.end(lines, id) * line);
     if (begin < end) body(begin, end);
-    clock.finish(id);
-    if (id == 0 && team != split.team) whole_team = false;
+    clock.finish(id, team);
   }
-  if (whole_team) balance.record(split, lines, clock);
+  balance.record(split, lines, clock);
 #else
   body(index_t{0}, n);
 #endif

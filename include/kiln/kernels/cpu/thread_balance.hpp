@@ -3,11 +3,12 @@
 // On a shared machine a core's speed changes under the program. On this project's two-vCPU VMs either core runs at
 // about half speed for stretches of milliseconds to seconds (bench/core_speed; presumably another tenant on the host's
 // sibling hyper-thread), and an equal split then waits for the slow core while the fast one idles: a step of short
-// parallel loops runs at the pace of the slower core, sometimes slower on two threads than on one (bench/RESULTS.md).
-// A hybrid CPU's performance and efficiency cores differ the same way, for good. A thread_balance keeps each thread's share of one kind of work, and after every parallel run moves
-// the shares toward equal finishing times: a thread that finished late gets less next time. The shares move by a
-// fraction per run, so that one interrupted run does not swing them, and never fall below half of an equal share;
-// shares within 8% of equal split equally, so that cores running alike keep the same boundaries from run to run.
+// parallel loops runs at the pace of the slower core, sometimes slower on two threads than on one (bench/RESULTS.md). A
+// hybrid CPU's performance and efficiency cores differ the same way, for good. A thread_balance keeps each thread's
+// share of one kind of work, and after every parallel run moves the shares toward equal finishing times: a thread that
+// finished late gets less next time. The shares move by a fraction per run, so that one interrupted run does not swing
+// them, and never fall below half of an equal share; shares within 8% of equal split equally, so that cores running
+// alike keep the same boundaries from run to run.
 //
 // Results do not depend on the split: every kernel that splits this way computes each element by the same code
 // whichever thread runs it, so one thread, two equal halves and any balanced split give the same bits.
@@ -41,6 +42,9 @@ struct thread_split {
     return std::min(units, index_t(std::lround(double(starts[id]) * double(units))));
   }
   index_t end(index_t units, int id) const { return begin(units, id + 1); }
+  // The split of one dimension shared by `parts` threads: this one where they are all of its team, equal otherwise
+  // (a grid's dimension, or a team smaller than planned).
+  thread_split over(int parts) const { return parts == team ? *this : equal(parts); }
 
   static thread_split equal(int team) {
     thread_split s;
@@ -100,13 +104,15 @@ inline void set_fixed_thread_shares(const std::vector<double>& shares) {
 }
 
 // The finishing times of one parallel run, each thread writing its own: seconds since `start`, taken by the thread
-// that opened the run, so that a thread woken late counts its wait.
+// that opened the run, so that a thread woken late counts its wait; and the size of the team that ran it.
 struct run_clock {
   using clock = std::chrono::steady_clock;
   clock::time_point start = clock::now();
   std::array<double, thread_split::max_threads> seconds{};
+  int team = 0;
 
-  void finish(int id) {
+  void finish(int id, int team_size) {
+    if (id == 0) team = team_size;
     if (id >= 0 && id < thread_split::max_threads)
       seconds[id] = std::chrono::duration<double>(clock::now() - start).count();
   }
@@ -144,10 +150,13 @@ class thread_balance {
 
   // Records a run of `units` units split by `used` whose threads finished at `clock.seconds`: each thread's speed is
   // the work it did over its time, and the shares move toward those speeds' proportions. A run where some thread had
-  // nothing to do says nothing about that thread's speed, and is not recorded.
+  // nothing to do says nothing about that thread's speed, and is not recorded; nor is one whose team was smaller
+  // than planned, which split equally (thread_split::over).
   void record(const thread_split& used, index_t units, const run_clock& clock) {
     const int team = used.team;
-    if (!thread_balancing_active() || team <= 1 || team > thread_split::max_threads || units <= 0) return;
+    if (!thread_balancing_active() || team <= 1 || team > thread_split::max_threads || units <= 0 ||
+        clock.team != team)
+      return;
     std::array<double, thread_split::max_threads> speed{};
     double speed_sum = 0;
     for (int i = 0; i < team; ++i) {
