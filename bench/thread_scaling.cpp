@@ -136,10 +136,12 @@ int main(int argc, char** argv) try {
           x = batch->x;
           y = batch->y;
         }
-        const auto t0 = clock::now();
         step_profile profile;
+        const auto t0 = clock::now();
         const float loss = profiled ? nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m], profile)
                                     : nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m]);
+        these.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
+        losses[m].push_back(loss);
         if (profiled) {
           std::vector<double> us_of_parts;
           for (double seconds : profile.forward_seconds) us_of_parts.push_back(seconds * 1e6);
@@ -150,9 +152,6 @@ int main(int argc, char** argv) try {
           parts[m].push_back(std::move(us_of_parts));
           if (layers.empty()) layers = profile.layers;
         }
-        const double us = std::chrono::duration<double, std::micro>(clock::now() - t0).count();
-        these.push_back(us);
-        losses[m].push_back(loss);
       }
       times[m].insert(times[m].end(), these.begin(), these.end());
       block_medians[m].push_back(median(these));
@@ -174,21 +173,20 @@ int main(int argc, char** argv) try {
   std::printf("\n| mode | median us | p10 | p90 | mean us | 1 thread / this (medians) | median of per-round ratios | "
               "1 thread / this (means) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
-  const double one = median(times[0]);
+  const double one = median(times[0]), one_mean = mean(times[0]);
   for (std::size_t m = 0; m < modes.size(); ++m) {
     std::vector<double> ratios;
     for (std::size_t r = 0; r < block_medians[m].size(); ++r)
       ratios.push_back(block_medians[0][r] / block_medians[m][r]);
-    const double med = median(times[m]);
+    const double med = median(times[m]), p10 = quantile(times[m], 0.1), p90 = quantile(times[m], 0.9);
+    const double average = mean(times[m]), round_ratio = median(ratios);
     const std::string label = m == 0 ? std::string(modes[m].name) : multi + ", " + modes[m].name;
-    std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx | %.2fx |\n", label.c_str(), med,
-                quantile(times[m], 0.1), quantile(times[m], 0.9), mean(times[m]), one / med, median(ratios),
-                mean(times[0]) / mean(times[m]));
+    std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx | %.2fx |\n", label.c_str(), med, p10, p90, average,
+                one / med, round_ratio, one_mean / average);
     std::printf("RESULT bench=thread_scaling workload=mnist_mlp threads=%d split=%s batches_ready=%d step_us=%.3f "
                 "p10_us=%.3f p90_us=%.3f mean_us=%.3f speedup=%.3f round_speedup=%.3f mean_speedup=%.3f\n",
                 modes[m].threads, m == 0 ? "none" : (modes[m].balanced ? "balanced" : "equal"), int(batches_ready), med,
-                quantile(times[m], 0.1), quantile(times[m], 0.9), mean(times[m]), one / med, median(ratios),
-                mean(times[0]) / mean(times[m]));
+                p10, p90, average, one / med, round_ratio, one_mean / average);
   }
   if (profiled && !parts[0].empty()) {
     std::vector<std::string> names;
