@@ -2,13 +2,17 @@
 // finishing times, and that no split changes a result, bit for bit.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/optim.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/thread_balance.hpp"
 #include "kiln/kiln.hpp"
 
@@ -232,5 +236,60 @@ TEST_CASE("a static model's losses are the same bits on one thread and on two sp
   CHECK(bitwise_equal(train(2, {5, 1}), one));
   CHECK(bitwise_equal(train(2, {1, 5}), one));
   CHECK(bitwise_equal(train(2, {}), one));
+}
+// The slices one call of parallel_row_slices handed out, in order of their first row.
+template <int Site>
+std::vector<std::pair<index_t, index_t>> row_slices(index_t rows, index_t min_rows) {
+  std::mutex mutex;
+  std::vector<std::pair<index_t, index_t>> slices;
+  kernels::cpu::parallel_row_slices(rows, min_rows, [&](index_t begin, index_t end) {
+    std::lock_guard lock(mutex);
+    slices.emplace_back(begin, end);
+  });
+  std::sort(slices.begin(), slices.end());
+  return slices;
+}
+
+TEST_CASE("row slices follow the shares while every slice keeps its minimum rows") {
+  balance_settings_guard guard;
+  kernels::cpu::set_thread_balancing(true);
+  set_num_threads(2);
+  kernels::cpu::set_fixed_thread_shares({3, 1});
+  using slices = std::vector<std::pair<index_t, index_t>>;
+  CHECK(row_slices<0>(64, 8) == slices{{0, 48}, {48, 64}});
+  CHECK(row_slices<1>(64, 16) == slices{{0, 48}, {48, 64}});
+  // 16 rows for the slow thread is under 17: both take half, as with balancing off.
+  CHECK(row_slices<2>(64, 17) == slices{{0, 32}, {32, 64}});
+  CHECK(row_slices<3>(64, 33) == slices{{0, 64}});  // too few rows for two slices: one thread
+  kernels::cpu::set_thread_balancing(false);
+  CHECK(row_slices<4>(64, 8) == slices{{0, 32}, {32, 64}});
+}
+
+// A static LSTM's batch rows run in slices (policy::cpu::for_batch_slices): split 2:1 or 1:2 they take the one-thread
+// run's steps exactly.
+TEST_CASE("a static LSTM's losses are the same bits on one thread and on two split unevenly") {
+  balance_settings_guard guard;
+  kernels::cpu::set_thread_balancing(true);
+  using Net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
+  const auto x = random_values(64 * 28 * 28, 12, 1.0f);
+  std::vector<std::int64_t> y(64);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int64_t((i * 3) % 10);
+  const tensor_view<const float> xv(x.data(), shape{64, 28, 28});
+  const tensor_view<const std::int64_t> yv(y.data(), shape{64});
+
+  auto train = [&](int threads, std::vector<double> shares) {
+    set_num_threads(threads);
+    kernels::cpu::set_fixed_thread_shares(shares);
+    Net net(64, 5);
+    optim::Adam opt(optim::adam_options{.lr = 1e-3});
+    std::vector<float> losses;
+    for (int step = 0; step < 3; ++step) losses.push_back(net.train_step(xv, yv, loss::cross_entropy{}, opt));
+    std::vector<float> params(net.parameter_values().begin(), net.parameter_values().end());
+    losses.insert(losses.end(), params.begin(), params.end());
+    return losses;
+  };
+  const auto one = train(1, {});
+  CHECK(bitwise_equal(train(2, {2, 1}), one));
+  CHECK(bitwise_equal(train(2, {1, 2}), one));
 }
 #endif

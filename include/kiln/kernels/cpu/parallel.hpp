@@ -48,21 +48,34 @@ void parallel_chunks(index_t n, Body&& body) {
 
 // Calls body(begin, end) over [0, rows) cut into one contiguous slice per thread, for work whose rows are independent
 // from start to end (a recurrent layer's batch rows through all its time steps): one parallel region for the whole
-// job instead of one per kernel call. Splits only when every slice gets at least min_rows rows.
+// job instead of one per kernel call. Splits only when every slice gets at least min_rows rows, and the slices follow
+// the threads' speeds (thread_balance.hpp) as long as each keeps min_rows: a kernel may take another path below them
+// (policy::cpu's batch slices keep 16 rows, above which the AMX path's choice does not depend on the rows).
 template <class Body>
 void parallel_row_slices(index_t rows, index_t min_rows, Body&& body) {
-  const int threads = int(std::min<index_t>(num_threads(), rows / std::max<index_t>(min_rows, 1)));
+  min_rows = std::max<index_t>(min_rows, 1);
+  const int threads = int(std::min<index_t>(num_threads(), rows / min_rows));
   if (threads <= 1) {
     body(index_t{0}, rows);
     return;
   }
 #if defined(_OPENMP)
+  // One balance per call site: Body is each caller's own lambda.
+  static thread_balance balance;
+  thread_split split = balance.split(threads);
+  for (int id = 0; id < threads; ++id)
+    if (split.end(rows, id) - split.begin(rows, id) < min_rows) split = thread_split::equal(threads);
+  run_clock clock;
 #pragma omp parallel num_threads(threads)
   {
-    const index_t team = omp_get_num_threads(), id = omp_get_thread_num();
-    const index_t begin = rows * id / team, end = rows * (id + 1) / team;
+    const int team = omp_get_num_threads(), id = omp_get_thread_num();
+    // A smaller team than asked for (nested parallelism, dynamic adjustment) splits equally.
+    const thread_split mine = split.over(team);
+    const index_t begin = mine.begin(rows, id), end = mine.end(rows, id);
     if (begin < end) body(begin, end);
+    clock.finish(id, team);
   }
+  balance.record(split, rows, clock);
 #else
   body(index_t{0}, rows);
 #endif
