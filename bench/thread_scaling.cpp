@@ -1,10 +1,16 @@
-// How much faster the ladder's top static rung trains the MNIST MLP on several threads than on one, measured side by
+// How much faster the ladder's top static rung trains a workload on several threads than on one, measured side by
 // side: the modes take turns every few steps in one process, so that a shared machine's slow and fast phases fall on
 // all of them alike. Separate runs a few seconds apart differ by up to 1.7x on this project's VMs (bench/RESULTS.md),
 // more than the effect measured.
 //
-//   thread_scaling [--threads N] [--epochs 2] [--block 16] [--batches-ready] [--profile] [--data DIR]
-//                  [--precision single|bf16x3|bf16]
+//   thread_scaling [--workload mnist_mlp|lstm|mnist_cnn] [--threads N] [--epochs 2] [--steps N] [--block B]
+//                  [--batches-ready] [--profile] [--data DIR] [--precision single|bf16x3|bf16]
+//
+// Workloads, the ladder's (bench/ladder.cpp) on the same batches of MNIST: mnist_mlp (784-128-10), lstm (each image
+// as 28 rows into LSTM(128), its final state into Dense 10) and mnist_cnn (Conv32-Conv64-MaxPool-Dense128-Dense10),
+// all batch 64, cross-entropy, Adam. --steps N trains each mode N steps instead of --epochs epochs (the LSTM's and the
+// CNN's default: 192 and 48 steps); --block defaults to 16 steps for the MLP, 4 for the LSTM and 2 for the CNN (tens of
+// milliseconds a turn).
 //
 // As in bench/ladder, each mode's data loader puts each batch together right before its step, on the mode's threads,
 // and that is timed apart; --batches-ready assembles every batch before timing instead, so that each step reads its
@@ -13,11 +19,11 @@
 //   1 thread;
 //   N threads, the work split equally (set_thread_balancing(false));
 //   N threads, the work split by each thread's recent speed (thread_balance.hpp, the default).
-// Each mode trains `--block` steps, then the next takes over, until each has trained --epochs epochs. Before any time
-// is reported, the bench checks that the three models' losses are the same bits at every step: the split of the work
-// must not change results. Every step's time is kept; a mode's figure is the median over its steps, and the ratio is
-// also given as the median of the per-round ratios (a round: one block of each mode, about 10 ms), and the epoch's
-// time as the mean. --profile times each mode's steps part by part (kiln::step_profile) and prints each part's
+// Each mode trains `--block` steps, then the next takes over, until each has trained its epochs or steps. Before any
+// time is reported, the bench checks that the three models' losses are the same bits at every step: the split of the
+// work must not change results. Every step's time is kept; a mode's figure is the median over its steps, and the ratio
+// is also given as the median of the per-round ratios (a round: one block of each mode) and as the ratio of the
+// means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile) and prints each part's
 // median and 10th percentile over the steps, the modes side by side (the fastest tenth shows the parts when both
 // cores run at full speed).
 #include <algorithm>
@@ -60,23 +66,25 @@ struct mode {
   bool balanced;
 };
 
-}  // namespace
+struct settings {
+  std::string workload;
+  int threads = 2;
+  long long epochs = 2, steps = 0, block = 16;
+  bool batches_ready = false, profiled = false;
+};
 
-int main(int argc, char** argv) try {
-  examples::flags flags(argc, argv, {"--epochs", "--block", "--batches-ready", "--profile", "--data"});
-  const bool profiled = flags.has("--profile");
-  const bool batches_ready = flags.has("--batches-ready");
-  const int threads = int(flags.get_int("--threads", 2));
-  const long long epochs = flags.get_int("--epochs", 2), block = flags.get_int("--block", 16);
-  if (threads < 2) throw kiln::error("thread_scaling: --threads: expected 2 or more, found " + std::to_string(threads));
-  if (epochs < 1 || block < 1)
-    throw kiln::error("thread_scaling: --epochs and --block: expected 1 or more, found " + std::to_string(epochs) +
-                      " and " + std::to_string(block));
+// The batch as Net takes it: MNIST's 28 x 28 images, with a channel for a convolution.
+template <class Net>
+tensor_view<const float> as_input(const tensor_view<const float>& x) {
+  return {x.data(), Net::input_shape::batch_shape(x.extent(0))};
+}
+
+template <class Net>
+int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& train, const char* description) {
+  const int threads = s.threads;
+  const bool profiled = s.profiled, batches_ready = s.batches_ready;
+  const long long block = s.block;
   const bool restore_balancing = kernels::cpu::thread_balancing_active();
-
-  auto dir = data::find_data_dir("mnist", flags.get("--data", ""));
-  auto train =
-      data::load_mnist(dir, data::split::train, {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
   // The ladder's epoch: batches of 64 in a seeded shuffled order.
   const data::loader_options<float> order{.batch_size = 64, .shuffle = true, .seed = 5};
   std::vector<Tensor<float>> xs;
@@ -91,7 +99,6 @@ int main(int argc, char** argv) try {
   const std::string multi = std::to_string(threads) + " threads";
   const std::array<mode, 3> modes{mode{"1 thread", 1, false}, mode{"equal split", threads, false},
                                   mode{"balanced split", threads, true}};
-  using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
   using loader_type = data::data_loader<data::tensor_dataset<float, std::int64_t>>;
   std::vector<std::unique_ptr<Net>> nets;
   std::vector<optim::Adam> opts;
@@ -104,13 +111,12 @@ int main(int argc, char** argv) try {
     loaders.push_back(std::make_unique<loader_type>(train, mine));
   }
   const std::size_t batches = static_cast<std::size_t>(loaders[0]->batches_per_epoch());
-  std::printf("kiln thread_scaling: the MNIST MLP (784-128-10, batch 64, Adam, rung 5), 1 thread against %d, in turns "
-              "of %lld steps, %s; %s\n",
-              threads, block,
+  std::printf("kiln thread_scaling: %s, 1 thread against %d, in turns of %lld steps, %s; %s\n", description, threads,
+              block,
               batches_ready ? "every batch assembled before timing" : "each batch assembled before its step",
               examples::products_description().c_str());
 
-  const long long steps = epochs * static_cast<long long>(batches);
+  const long long steps = s.steps > 0 ? s.steps : s.epochs * static_cast<long long>(batches);
   std::array<std::vector<double>, 3> times, losses;
   std::array<std::vector<double>, 3> block_medians;
   // --profile: each step's parts, in step_profile's order (the forwards, the loss, the backwards, the update).
@@ -123,17 +129,17 @@ int main(int argc, char** argv) try {
       set_num_threads(modes[m].threads);
       kernels::cpu::set_thread_balancing(modes[m].balanced);
       std::vector<double> these;
-      for (long long s = start; s < end; ++s) {
-        const std::size_t b = static_cast<std::size_t>(s) % batches;
+      for (long long step = start; step < end; ++step) {
+        const std::size_t b = static_cast<std::size_t>(step) % batches;
         tensor_view<const float> x;
         tensor_view<const std::int64_t> y;
         if (batches_ready) {
-          x = xs[b].view();
+          x = as_input<Net>(xs[b].view());
           y = ys[b].view();
         } else {
           if (b == 0) loaders[m]->start_epoch(0);
           const auto* batch = loaders[m]->next();
-          x = batch->x;
+          x = as_input<Net>(batch->x);
           y = batch->y;
         }
         step_profile profile;
@@ -183,10 +189,10 @@ int main(int argc, char** argv) try {
     const std::string label = m == 0 ? std::string(modes[m].name) : multi + ", " + modes[m].name;
     std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx | %.2fx |\n", label.c_str(), med, p10, p90, average,
                 one / med, round_ratio, one_mean / average);
-    std::printf("RESULT bench=thread_scaling workload=mnist_mlp threads=%d split=%s batches_ready=%d step_us=%.3f "
+    std::printf("RESULT bench=thread_scaling workload=%s threads=%d split=%s batches_ready=%d step_us=%.3f "
                 "p10_us=%.3f p90_us=%.3f mean_us=%.3f speedup=%.3f round_speedup=%.3f mean_speedup=%.3f\n",
-                modes[m].threads, m == 0 ? "none" : (modes[m].balanced ? "balanced" : "equal"), int(batches_ready), med,
-                p10, p90, average, one / med, round_ratio, one_mean / average);
+                s.workload.c_str(), modes[m].threads, m == 0 ? "none" : (modes[m].balanced ? "balanced" : "equal"),
+                int(batches_ready), med, p10, p90, average, one / med, round_ratio, one_mean / average);
   }
   if (profiled && !parts[0].empty()) {
     std::vector<std::string> names;
@@ -207,6 +213,41 @@ int main(int argc, char** argv) try {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::flags flags(argc, argv,
+                        {"--workload", "--epochs", "--steps", "--block", "--batches-ready", "--profile", "--data"});
+  settings s;
+  s.workload = flags.get("--workload", "mnist_mlp");
+  const bool mlp = s.workload == "mnist_mlp";
+  s.profiled = flags.has("--profile");
+  s.batches_ready = flags.has("--batches-ready");
+  s.threads = int(flags.get_int("--threads", 2));
+  s.epochs = flags.get_int("--epochs", 2);
+  s.steps = flags.get_int("--steps", mlp || flags.has("--epochs") ? 0 : s.workload == "lstm" ? 192 : 48);
+  s.block = flags.get_int("--block", mlp ? 16 : s.workload == "lstm" ? 4 : 2);
+  if (s.threads < 2)
+    throw kiln::error("thread_scaling: --threads: expected 2 or more, found " + std::to_string(s.threads));
+  if (s.epochs < 1 || s.block < 1 || s.steps < 0)
+    throw kiln::error("thread_scaling: --epochs, --block and --steps: expected 1 or more, found " +
+                      std::to_string(s.epochs) + ", " + std::to_string(s.block) + " and " + std::to_string(s.steps));
+  auto dir = data::find_data_dir("mnist", flags.get("--data", ""));
+  auto train =
+      data::load_mnist(dir, data::split::train, {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
+  if (mlp)
+    return measure<Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>>(
+        s, train, "the MNIST MLP (784-128-10, batch 64, Adam, rung 5)");
+  if (s.workload == "lstm")
+    return measure<Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>>(
+        s, train, "the LSTM on MNIST rows (LSTM(128) final state - Dense 10, batch 64, Adam, rung 5)");
+  if (s.workload == "mnist_cnn")
+    return measure<Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
+                              Flatten, Dense<128, ReLU>, Dense<10>>>(
+        s, train, "the MNIST CNN (Conv32-Conv64-MaxPool-Dense128-Dense10, batch 64, Adam, rung 5)");
+  throw kiln::error("thread_scaling: --workload: expected mnist_mlp, lstm or mnist_cnn, found '" + s.workload + "'");
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;
