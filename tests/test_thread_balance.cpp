@@ -210,33 +210,37 @@ TEST_CASE("no split of the work changes a product or an update") {
   }
 }
 
+// The losses of `steps` training steps of Net (batch 64, random inputs, labels 0-9) on `threads` threads with the
+// work split by `shares` (empty: learned), followed by the trained parameters.
+template <class Net>
+std::vector<float> train_losses(int threads, const std::vector<double>& shares, int steps) {
+  const index_t batch = 64;
+  const auto x = random_values(std::size_t(batch * Net::input_shape::size), 11, 1.0f);
+  std::vector<std::int64_t> y(static_cast<std::size_t>(batch));
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int64_t((i * 7) % 10);
+  const tensor_view<const float> xv(x.data(), Net::input_shape::batch_shape(batch));
+  const tensor_view<const std::int64_t> yv(y.data(), shape{batch});
+  set_num_threads(threads);
+  kernels::cpu::set_fixed_thread_shares(shares);
+  Net net(batch, 3);
+  optim::Adam opt(optim::adam_options{.lr = 1e-3});
+  std::vector<float> losses;
+  for (int step = 0; step < steps; ++step) losses.push_back(net.train_step(xv, yv, loss::cross_entropy{}, opt));
+  losses.insert(losses.end(), net.parameter_values().begin(), net.parameter_values().end());
+  return losses;
+}
+
 // A static model trained on two threads, its work split unevenly, takes the one-thread run's steps exactly.
 TEST_CASE("a static model's losses are the same bits on one thread and on two split unevenly") {
   balance_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   using Net = Sequential<policy::cpu, Input<784>, Dense<128, ReLU>, Dense<10>>;
-  const auto x = random_values(64 * 784, 11, 1.0f);
-  std::vector<std::int64_t> y(64);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int64_t((i * 7) % 10);
-  const tensor_view<const float> xv(x.data(), shape{64, 784});
-  const tensor_view<const std::int64_t> yv(y.data(), shape{64});
-
-  auto train = [&](int threads, std::vector<double> shares) {
-    set_num_threads(threads);
-    kernels::cpu::set_fixed_thread_shares(shares);
-    Net net(64, 3);
-    optim::Adam opt(optim::adam_options{.lr = 1e-3});
-    std::vector<float> losses;
-    for (int step = 0; step < 5; ++step) losses.push_back(net.train_step(xv, yv, loss::cross_entropy{}, opt));
-    std::vector<float> params(net.parameter_values().begin(), net.parameter_values().end());
-    losses.insert(losses.end(), params.begin(), params.end());
-    return losses;
-  };
-  const auto one = train(1, {});
-  CHECK(bitwise_equal(train(2, {5, 1}), one));
-  CHECK(bitwise_equal(train(2, {1, 5}), one));
-  CHECK(bitwise_equal(train(2, {}), one));
+  const auto one = train_losses<Net>(1, {}, 5);
+  CHECK(bitwise_equal(train_losses<Net>(2, {5, 1}, 5), one));
+  CHECK(bitwise_equal(train_losses<Net>(2, {1, 5}, 5), one));
+  CHECK(bitwise_equal(train_losses<Net>(2, {}, 5), one));
 }
+
 // The slices one call of parallel_row_slices handed out, in order of their first row.
 template <int Site>
 std::vector<std::pair<index_t, index_t>> row_slices(index_t rows, index_t min_rows) {
@@ -271,25 +275,8 @@ TEST_CASE("a static LSTM's losses are the same bits on one thread and on two spl
   balance_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   using Net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
-  const auto x = random_values(64 * 28 * 28, 12, 1.0f);
-  std::vector<std::int64_t> y(64);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int64_t((i * 3) % 10);
-  const tensor_view<const float> xv(x.data(), shape{64, 28, 28});
-  const tensor_view<const std::int64_t> yv(y.data(), shape{64});
-
-  auto train = [&](int threads, std::vector<double> shares) {
-    set_num_threads(threads);
-    kernels::cpu::set_fixed_thread_shares(shares);
-    Net net(64, 5);
-    optim::Adam opt(optim::adam_options{.lr = 1e-3});
-    std::vector<float> losses;
-    for (int step = 0; step < 3; ++step) losses.push_back(net.train_step(xv, yv, loss::cross_entropy{}, opt));
-    std::vector<float> params(net.parameter_values().begin(), net.parameter_values().end());
-    losses.insert(losses.end(), params.begin(), params.end());
-    return losses;
-  };
-  const auto one = train(1, {});
-  CHECK(bitwise_equal(train(2, {2, 1}), one));
-  CHECK(bitwise_equal(train(2, {1, 2}), one));
+  const auto one = train_losses<Net>(1, {}, 3);
+  CHECK(bitwise_equal(train_losses<Net>(2, {2, 1}, 3), one));
+  CHECK(bitwise_equal(train_losses<Net>(2, {1, 2}, 3), one));
 }
 #endif
