@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "../examples/common.hpp"
+#include "mnist_nets.hpp"
 #include "kiln/data/data.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
@@ -380,7 +381,7 @@ int main(int argc, char** argv) try {
         next = i + 1;
       };
     }
-    using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+    using Net = bench::mnist_mlp_net;
     auto rungs = make_rungs<Net, std::int64_t>(
         1, 64,
         [] { manual_seed(1); return nn::Sequential(nn::Flatten(), nn::Linear(784, 128), nn::ReLU(), nn::Linear(128, 10)); },
@@ -404,8 +405,7 @@ int main(int argc, char** argv) try {
       b.y.push_back(ys[i].view());
       b.x_var.emplace_back(images[i]);
     }
-    using Net = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
-                           Flatten, Dense<128, ReLU>, Dense<10>>;
+    using Net = bench::mnist_cnn_net;
     auto rungs = make_rungs<Net, std::int64_t>(
         1, 64,
         [] {
@@ -427,7 +427,7 @@ int main(int argc, char** argv) try {
       b.y.push_back(ys[i].view());
       b.x_var.emplace_back(xs[i]);
     }
-    using Net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
+    using Net = bench::lstm_net;
     auto rungs = make_rungs<Net, std::int64_t>(
         1, 64,
         [] {

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../examples/common.hpp"
+#include "mnist_nets.hpp"
 #include "kiln/data/data.hpp"
 #include "kiln/kiln.hpp"
 
@@ -133,6 +134,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
     modes.push_back({"1 thread on CPU " + std::to_string(cpus[c]), 1, false, cpus[c]});
   if (modes.empty()) modes.push_back({"1 thread", 1, false, -1});
   const std::size_t one_thread_modes = modes.size();
+  const bool pinning = one_thread_modes > 1;  // one CPU to run on: nothing to choose, nothing to pin
   modes.push_back({multi + ", equal split", threads, false, -1});
   modes.push_back({multi + ", balanced split", threads, true, -1});
 #if defined(_OPENMP)
@@ -168,7 +170,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   for (long long start = 0; start < steps; start += block) {
     const long long end = std::min(steps, start + block);
     for (std::size_t m = 0; m < modes.size(); ++m) {
-      if (modes[m].cpu >= 0 || one_thread_modes > 1) pin_to(modes[m].cpu, cpus);
+      if (pinning) pin_to(modes[m].cpu, cpus);
       set_num_threads(modes[m].threads);
       kernels::cpu::set_thread_balancing(modes[m].balanced);
       std::vector<double> these;
@@ -208,7 +210,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
     }
   }
   kernels::cpu::set_thread_balancing(restore_balancing);
-  if (one_thread_modes > 1) pin_to(-1, cpus);
+  if (pinning) pin_to(-1, cpus);
 
   for (std::size_t m = 1; m < modes.size(); ++m)
     for (std::size_t s = 0; s < losses[0].size(); ++s)
@@ -254,7 +256,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
     print(modes[m].name, one_thread ? "none" : (modes[m].balanced ? "balanced" : "equal"), modes[m].threads,
           modes[m].cpu >= 0 ? std::to_string(modes[m].cpu) : "any", times[m], block_medians[m], mean(times[m]));
     // After the one-thread modes, the figure the ratios divide: each round's faster CPU (its block medians).
-    if (m + 1 == one_thread_modes && one_thread_modes > 1)
+    if (m + 1 == one_thread_modes && pinning)
       print("1 thread, the faster CPU each round", "none", 1, "faster", one_best, one_best, one_mean);
   }
   if (profiled && !parts[0].empty()) {
@@ -304,14 +306,12 @@ int main(int argc, char** argv) try {
   auto train =
       data::load_mnist(dir, data::split::train, {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
   if (mlp)
-    return measure<Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>>(
-        s, train, "the MNIST MLP (784-128-10, batch 64, Adam, rung 5)");
+    return measure<bench::mnist_mlp_net>(s, train, "the MNIST MLP (784-128-10, batch 64, Adam, rung 5)");
   if (s.workload == "lstm")
-    return measure<Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>>(
+    return measure<bench::lstm_net>(
         s, train, "the LSTM on MNIST rows (LSTM(128) final state - Dense 10, batch 64, Adam, rung 5)");
   if (s.workload == "mnist_cnn")
-    return measure<Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
-                              Flatten, Dense<128, ReLU>, Dense<10>>>(
+    return measure<bench::mnist_cnn_net>(
         s, train, "the MNIST CNN (Conv32-Conv64-MaxPool-Dense128-Dense10, batch 64, Adam, rung 5)");
   throw kiln::error("thread_scaling: --workload: expected mnist_mlp, lstm or mnist_cnn, found '" + s.workload + "'");
 } catch (const std::exception& e) {

@@ -242,7 +242,6 @@ TEST_CASE("a static model's losses are the same bits on one thread and on two sp
 }
 
 // The slices one call of parallel_row_slices handed out, in order of their first row.
-template <int Site>
 std::vector<std::pair<index_t, index_t>> row_slices(index_t rows, index_t min_rows) {
   std::mutex mutex;
   std::vector<std::pair<index_t, index_t>> slices;
@@ -260,13 +259,13 @@ TEST_CASE("row slices follow the shares while every slice keeps its minimum rows
   set_num_threads(2);
   kernels::cpu::set_fixed_thread_shares({3, 1});
   using slices = std::vector<std::pair<index_t, index_t>>;
-  CHECK(row_slices<0>(64, 8) == slices{{0, 48}, {48, 64}});
-  CHECK(row_slices<1>(64, 16) == slices{{0, 48}, {48, 64}});
+  CHECK(row_slices(64, 8) == slices{{0, 48}, {48, 64}});
+  CHECK(row_slices(64, 16) == slices{{0, 48}, {48, 64}});
   // 16 rows for the slow thread is under 17: both take half, as with balancing off.
-  CHECK(row_slices<2>(64, 17) == slices{{0, 32}, {32, 64}});
-  CHECK(row_slices<3>(64, 33) == slices{{0, 64}});  // too few rows for two slices: one thread
+  CHECK(row_slices(64, 17) == slices{{0, 32}, {32, 64}});
+  CHECK(row_slices(64, 33) == slices{{0, 64}});  // too few rows for two slices: one thread
   kernels::cpu::set_thread_balancing(false);
-  CHECK(row_slices<4>(64, 8) == slices{{0, 32}, {32, 64}});
+  CHECK(row_slices(64, 8) == slices{{0, 32}, {32, 64}});
 }
 
 // A static LSTM's batch rows run in slices (policy::cpu::for_batch_slices): split 2:1 or 1:2 they take the one-thread

@@ -1,0 +1,17 @@
+// The static models of the ladder's MNIST workloads (bench/ladder.cpp), shared with bench/thread_scaling so that both
+// measure the same networks.
+#pragma once
+
+#include "kiln/kiln.hpp"
+
+namespace kiln::bench {
+
+// mnist_mlp: 784 -> 128 ReLU -> 10.
+using mnist_mlp_net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+// mnist_cnn: examples/mnist_cnn's network without its dropout.
+using mnist_cnn_net = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
+                                 Flatten, Dense<128, ReLU>, Dense<10>>;
+// lstm: each image as 28 rows of 28 pixels into LSTM(128), its final hidden state into Dense 10.
+using lstm_net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
+
+}  // namespace kiln::bench
