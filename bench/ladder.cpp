@@ -5,8 +5,10 @@
 //   3 static unfused      compile-time graph and planned workspace, the same per-op kernels as rung 2
 //   4 static + fusion     bias and activation inside the GEMM's epilogue
 //   5 static + flat       one optimizer update over one flat parameter buffer
-// (6 and 7, the captured step graph and the fully fused kernel, are GPU rungs: bench/cuda/mnist_gpu runs the MNIST
-// MLP on them, gpu_graph and gpu_fused_async, beside rungs 2 and 5 on the GPU.)
+//   7 static, fused step  the whole training step in one parallel region, on mnist_mlp only (kiln::fused_mlp_trainer:
+//                         models of the form Dense<Hidden, ReLU> - Dense<Out> with cross-entropy and Adam)
+// (6, the captured step graph, is a GPU rung; bench/cuda/mnist_gpu runs the MNIST MLP on it and on the GPU's rung 7,
+// gpu_graph and gpu_fused_async, beside rungs 2 and 5 on the GPU.)
 // Before any time is reported, every rung's losses over the first steps must be identical to rung 1's: they run the
 // same kernels on the same numbers, so anything else is a bug. On mnist_mlp a data loader assembles each batch right
 // before its step and the two are timed apart, as the peers (bench/peers) time their index_select and step.
@@ -185,6 +187,18 @@ std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::functio
     keep.push_back(opt);
     rungs.push_back({spec.number, spec.name, [net, opt, &batches, loss](std::size_t b) {
                        return net->train_step(batches.x[b], batches.y[b], loss, *opt);
+                     }});
+  }
+  // Rung 7 on the CPU, for the models it takes (Dense<Hidden, ReLU> - Dense<Out> with cross-entropy): the whole
+  // step in one parallel region (kiln::fused_mlp_trainer), the same bits as rung 5.
+  if constexpr (detail::fused_mlp_layout<StaticNet>::matches && std::is_integral_v<Target> &&
+                std::is_same_v<Loss, loss::cross_entropy>) {
+    auto net = std::make_shared<StaticNet>(max_batch, seed);
+    auto trainer = std::make_shared<fused_mlp_trainer<StaticNet>>(*net, optim::adam_options{.lr = 1e-3});
+    keep.push_back(net);
+    keep.push_back(trainer);
+    rungs.push_back({7, "static + fused step (CPU)", [trainer, &batches](std::size_t b) {
+                       return trainer->train_step(batches.x[b], batches.y[b]);
                      }});
   }
   return rungs;

@@ -98,7 +98,12 @@ struct settings {
   int threads = 2;
   long long epochs = 2, steps = 0, block = 16;
   bool batches_ready = false, profiled = false;
+  bool fused = false;  // the MNIST MLP through kiln::fused_mlp_trainer
 };
+
+// The fused trainer of a model that has one; a model that has none never makes one.
+template <class Net>
+using fused_trainer = std::conditional_t<detail::fused_mlp_layout<Net>::matches, fused_mlp_trainer<Net>, int>;
 
 // The batch as Net takes it: MNIST's 28 x 28 images, with a channel for a convolution.
 template <class Net>
@@ -147,9 +152,13 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   std::vector<std::unique_ptr<Net>> nets;
   std::vector<optim::Adam> opts;
   std::vector<std::unique_ptr<loader_type>> loaders;
+  // --workload mnist_mlp_fused: each mode trains through a fused step (kiln::fused_mlp_trainer) instead.
+  std::vector<std::unique_ptr<fused_trainer<Net>>> fused;
   for (std::size_t m = 0; m < modes.size(); ++m) {
     nets.push_back(std::make_unique<Net>(64, 1, static_options{.fuse_epilogues = true, .flat_parameters = true}));
     opts.emplace_back(optim::adam_options{.lr = 1e-3});
+    if constexpr (detail::fused_mlp_layout<Net>::matches)
+      if (s.fused) fused.push_back(std::make_unique<fused_trainer<Net>>(*nets.back(), opts.back().options()));
     data::loader_options<float> mine = order;
     mine.threads = modes[m].threads;
     loaders.push_back(std::make_unique<loader_type>(train, mine));
@@ -189,8 +198,12 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
         }
         step_profile profile;
         const auto t0 = clock::now();
-        const float loss = profiled ? nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m], profile)
-                                    : nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m]);
+        float loss = 0;
+        if constexpr (detail::fused_mlp_layout<Net>::matches)
+          if (s.fused) loss = fused[m]->train_step(x, y);
+        if (!s.fused)
+          loss = profiled ? nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m], profile)
+                          : nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m]);
         these.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
         losses[m].push_back(loss);
         if (profiled) {
@@ -290,13 +303,16 @@ int main(int argc, char** argv) try {
                         {"--workload", "--epochs", "--steps", "--block", "--batches-ready", "--profile", "--data"});
   settings s;
   s.workload = flags.get("--workload", "mnist_mlp");
-  const bool mlp = s.workload == "mnist_mlp";
+  s.fused = s.workload == "mnist_mlp_fused";
+  const bool mlp = s.workload == "mnist_mlp" || s.fused;
   s.profiled = flags.has("--profile");
   s.batches_ready = flags.has("--batches-ready");
   s.threads = int(flags.get_int("--threads", 2));
   s.epochs = flags.get_int("--epochs", 2);
   s.steps = flags.get_int("--steps", mlp || flags.has("--epochs") ? 0 : s.workload == "lstm" ? 192 : 48);
   s.block = flags.get_int("--block", mlp ? 16 : s.workload == "lstm" ? 4 : 2);
+  if (s.fused && s.profiled)
+    throw kiln::error("thread_scaling: --profile: expected a workload trained layer by layer, found " + s.workload);
   if (s.threads < 2)
     throw kiln::error("thread_scaling: --threads: expected 2 or more, found " + std::to_string(s.threads));
   if (s.epochs < 1 || s.block < 1 || s.steps < 0)
@@ -305,6 +321,8 @@ int main(int argc, char** argv) try {
   auto dir = data::find_data_dir("mnist", flags.get("--data", ""));
   auto train =
       data::load_mnist(dir, data::split::train, {.scale = true, .mean = data::mnist_mean, .std = data::mnist_std});
+  if (s.fused)
+    return measure<bench::mnist_mlp_net>(s, train, "the MNIST MLP (784-128-10, batch 64, Adam, the fused step)");
   if (mlp)
     return measure<bench::mnist_mlp_net>(s, train, "the MNIST MLP (784-128-10, batch 64, Adam, rung 5)");
   if (s.workload == "lstm")
@@ -313,7 +331,7 @@ int main(int argc, char** argv) try {
   if (s.workload == "mnist_cnn")
     return measure<bench::mnist_cnn_net>(
         s, train, "the MNIST CNN (Conv32-Conv64-MaxPool-Dense128-Dense10, batch 64, Adam, rung 5)");
-  throw kiln::error("thread_scaling: --workload: expected mnist_mlp, lstm or mnist_cnn, found '" + s.workload + "'");
+  throw kiln::error("thread_scaling: --workload: expected mnist_mlp, mnist_mlp_fused, lstm or mnist_cnn, found '" + s.workload + "'");
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;

@@ -26,4 +26,5 @@
 #include "kiln/optim/rmsprop.hpp"
 #include "kiln/optim/sgd.hpp"
 #include "kiln/policy.hpp"
+#include "kiln/static/fused_mlp.hpp"
 #include "kiln/static/sequential.hpp"

@@ -24,40 +24,20 @@
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/flatten.hpp"
 #include "kiln/optim/adam.hpp"
+#include "kiln/static/fused_mlp_layout.hpp"
 #include "kiln/static/resident.hpp"
 #include "kiln/static/sequential.hpp"
 
 namespace kiln {
 
-namespace detail {
-
-// The models a fused step runs: an input, Flatten where the input has more than one dimension, Dense<Hidden, ReLU>,
-// Dense<Out> (both with biases).
-template <class Net>
-struct fused_mlp_layout {
-  static constexpr bool matches = false;
-};
-template <class Policy, class InputSpec, index_t Hidden, index_t Out>
-struct fused_mlp_layout<Sequential<Policy, InputSpec, Flatten, Dense<Hidden, ReLU>, Dense<Out>>> {
-  static constexpr bool matches = true;
-  static constexpr index_t hidden = Hidden, out = Out;
-};
-template <class Policy, class InputSpec, index_t Hidden, index_t Out>
-struct fused_mlp_layout<Sequential<Policy, InputSpec, Dense<Hidden, ReLU>, Dense<Out>>> {
-  static constexpr bool matches = true;
-  static constexpr index_t hidden = Hidden, out = Out;
-};
-
-}  // namespace detail
 
 // Trains `Net` one fused kernel launch per step (see the top of this file). The model must outlive the trainer.
 template <class Net>
-class fused_mlp_trainer {
+class fused_mlp_trainer<Net, false> {
   using layout = detail::fused_mlp_layout<Net>;
   static_assert(layout::matches,
                 "kiln::fused_mlp_trainer: expected Sequential<Policy, Input<...>, Flatten, Dense<Hidden, ReLU>, "
                 "Dense<Out>> (Flatten optional for a flat input)");
-  static_assert(!Net::host_accessible, "kiln::fused_mlp_trainer: expected a model on a CUDA policy (device memory)");
   static_assert(std::is_same_v<typename Net::value_type, float>, "kiln::fused_mlp_trainer: expected float values");
   static constexpr index_t in = Net::input_shape::size, hidden = layout::hidden, out = layout::out;
 

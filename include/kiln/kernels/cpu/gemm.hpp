@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kiln/core/config.hpp"
+#include "kiln/core/error.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/activation.hpp"
@@ -583,6 +584,46 @@ void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha
   gemm_detail::gemm_problem<T> g{transpose_a, false, m, n, k, alpha, a, lda, nullptr, 0, beta, c, ldc, &ep};
   g.b_packed = b_packed;
   gemm_detail::gemm_threaded(g);
+}
+
+// Whether gemm_part can compute parts of this product: gemm runs it blocked or on AMX tiles, whose elements come out
+// the same whatever part of C a call computes. The other paths take small or narrow products, which are computed
+// whole.
+template <class T>
+bool gemm_splits(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k) {
+  using gemm_detail::gemm_route;
+  const gemm_route route = gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, n);
+  return m > 0 && n > 0 && (route == gemm_route::amx || route == gemm_route::blocked);
+}
+
+// Rows [i0, i1) x columns [j0, j1) of the C that gemm computes with these arguments and beta 0, on the calling
+// thread, with the bits gemm gives those elements: for a caller that shares one product out over threads of its own
+// (a fused training step's parallel region, fused_mlp.hpp). The product must be one that gemm_splits accepts, and i0
+// and j0 multiples of 16 (the AMX tiles); C must have ldc >= n, as gemm_splits assumed.
+template <class T>
+void gemm_part(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
+               const T* b, index_t ldb, T* c, index_t ldc, index_t i0, index_t i1, index_t j0, index_t j1,
+               const epilogue<T>& ep = {},
+               [[maybe_unused]] product_precision precision = product_precision::single) {
+  using gemm_detail::gemm_route;
+  if (!gemm_splits<T>(transpose_a, transpose_b, m, n, k) || ldc < n)
+    fail("gemm_part: expected a product that gemm runs blocked or on AMX tiles, with ldc >= n, found ", m, " x ", n,
+         " x ", k, " with ldc ", ldc);
+  if (i0 % 16 != 0 || j0 % 16 != 0 || i0 < 0 || j0 < 0 || i1 > m || j1 > n)
+    fail("gemm_part: expected a part of the ", m, " x ", n, " product starting on multiples of 16, found rows [", i0,
+         ", ", i1, ") and columns [", j0, ", ", j1, ")");
+  if (i0 >= i1 || j0 >= j1) return;
+#if KILN_HAS_AMX
+  if constexpr (std::is_same_v<T, float>) {
+    if (gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, ldc) == gemm_route::amx) {
+      amx_detail::amx_gemm_part(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, ep.bias, ep.act,
+                                ep.slope, precision, i0, i1, j0, j1);
+      return;
+    }
+  }
+#endif
+  const gemm_detail::gemm_problem<T> g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, T(0), c, ldc, &ep};
+  gemm_detail::gemm_blocked(g, i0, i1, j0, j1);
 }
 
 }  // namespace kiln::kernels::cpu

@@ -887,6 +887,20 @@ inline bool all_zero(const float* c, index_t ldc, index_t m, index_t n) {
 // Packing an operand whose k runs down its columns (A stored k x m, B stored n x k) takes 16 x 16 transposes, the
 // rest only shifts and masks: a product with B stored n x k and fewer rows than columns (a Dense layer's forward,
 // 64 x 784 times 784 x 128) runs as its transpose, C^T = B A^T, so that the smaller operand is the one transposed.
+// The product amx_gemm computes for these arguments: the one given, or its transpose (see above).
+inline amx_problem amx_problem_for(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, float alpha,
+                                   const float* a, index_t lda, const float* b, index_t ldb, float beta, float* c,
+                                   index_t ldc, const float* bias, activation act, float slope,
+                                   const bf16_bits* b_packed, product_precision precision) {
+  amx_problem g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, act, slope, b_packed};
+  if (!b_packed && !transpose_a && transpose_b && m < n) {
+    g = amx_problem{false, true, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc, bias, act, slope};
+    g.transposed_output = true;
+  }
+  g.pieces = pieces_of(precision);
+  return g;
+}
+
 inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, float alpha, const float* a,
                      index_t lda, const float* b, index_t ldb, float beta, float* c, index_t ldc, const float* bias,
                      activation act, float slope, int threads, const bf16_bits* b_packed = nullptr,
@@ -897,13 +911,22 @@ inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, i
   // lazy: 185 -> 177-179 us). The scan stops at the first nonzero. The result differs from adding only in the sign
   // of a sum that is zero (-0 stays -0, as static mode's overwrite leaves it).
   if (beta != 0.0f && all_zero(c, ldc, m, n)) beta = 0.0f;
-  amx_problem g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, act, slope, b_packed};
-  if (!b_packed && !transpose_a && transpose_b && m < n) {
-    g = amx_problem{false, true, n, m, k, alpha, b, ldb, a, lda, beta, c, ldc, bias, act, slope};
-    g.transposed_output = true;
-  }
-  g.pieces = pieces_of(precision);
-  amx_threaded(g, threads);
+  amx_threaded(amx_problem_for(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, act,
+                               slope, b_packed, precision),
+               threads);
+}
+
+// Rows [i0, i1) x columns [j0, j1) of amx_gemm's C (i0 and j0 multiples of 16) on the calling thread, with the bits
+// amx_gemm gives them. beta must be 0: amx_gemm's test for a C of zeros looks at all of C, which other threads may be
+// writing.
+inline void amx_gemm_part(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, float alpha,
+                          const float* a, index_t lda, const float* b, index_t ldb, float* c, index_t ldc,
+                          const float* bias, activation act, float slope, product_precision precision, index_t i0,
+                          index_t i1, index_t j0, index_t j1) {
+  const amx_problem g = amx_problem_for(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, 0.0f, c, ldc, bias,
+                                        act, slope, nullptr, precision);
+  if (g.transposed_output) amx_block(g, j0, j1, i0, i1);
+  else amx_block(g, i0, i1, j0, j1);
 }
 
 #undef KILN_AMX_STEP_A

@@ -1,0 +1,210 @@
+// The CPU's fused MLP step (kiln::fused_mlp_trainer on policy::cpu, kernels/cpu/fused_mlp.hpp): the same losses,
+// parameters and gradients as Sequential::train_step with Adam, bit for bit, on one thread and on two split
+// unevenly, with AMX on and off; gemm_part's parts of a product are gemm's elements; bad input is refused.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kiln/kiln.hpp"
+#include "kiln/static/fused_mlp.hpp"
+
+using namespace kiln;
+
+namespace {
+
+// Restores the process-wide settings a test changes.
+struct settings_guard {
+  int threads = num_threads();
+  bool balancing = kernels::cpu::thread_balancing_active();
+  bool amx = kernels::cpu::amx_gemm_active();
+  ~settings_guard() {
+    set_num_threads(threads);
+    kernels::cpu::set_thread_balancing(balancing);
+    kernels::cpu::set_fixed_thread_shares({});
+    kernels::cpu::set_amx_gemm(amx);
+  }
+};
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<float> random_values(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  random_generator rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = scale * rng.normal<float>();
+  return v;
+}
+
+// A few batches of random inputs and labels for Net.
+template <class Net>
+struct batches {
+  index_t batch;
+  std::vector<std::vector<float>> x;
+  std::vector<std::vector<std::int64_t>> y;
+  batches(index_t rows, int count) : batch(rows) {
+    for (int b = 0; b < count; ++b) {
+      x.push_back(random_values(std::size_t(rows * Net::input_shape::size), 100 + std::uint64_t(b)));
+      std::vector<std::int64_t> labels(std::size_t(rows), 0);
+      for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int64_t((i * 7 + std::size_t(b)) % 10);
+      y.push_back(labels);
+    }
+  }
+  tensor_view<const float> x_view(int b) const {
+    return {x[std::size_t(b)].data(), Net::input_shape::batch_shape(batch)};
+  }
+  tensor_view<const std::int64_t> y_view(int b) const { return {y[std::size_t(b)].data(), shape{batch}}; }
+};
+
+// The losses of `steps` steps, then the parameters and the last step's gradients.
+template <class Net>
+std::vector<float> trained(const batches<Net>& data, int steps, bool fused, bool adamw = false) {
+  Net net(data.batch, 3);
+  std::vector<float> result;
+  if (fused) {
+    fused_mlp_trainer<Net> trainer = adamw ? fused_mlp_trainer<Net>(net, optim::adamw_options{.lr = 2e-3})
+                                           : fused_mlp_trainer<Net>(net, optim::adam_options{.lr = 2e-3});
+    for (int s = 0; s < steps; ++s) result.push_back(trainer.train_step(data.x_view(s % 3), data.y_view(s % 3)));
+    CHECK(trainer.steps() == steps);
+  } else if (adamw) {
+    optim::AdamW opt(optim::adamw_options{.lr = 2e-3});
+    for (int s = 0; s < steps; ++s)
+      result.push_back(net.train_step(data.x_view(s % 3), data.y_view(s % 3), loss::cross_entropy{}, opt));
+  } else {
+    optim::Adam opt(optim::adam_options{.lr = 2e-3});
+    for (int s = 0; s < steps; ++s)
+      result.push_back(net.train_step(data.x_view(s % 3), data.y_view(s % 3), loss::cross_entropy{}, opt));
+  }
+  result.insert(result.end(), net.parameter_values().begin(), net.parameter_values().end());
+  result.insert(result.end(), net.gradient_values().begin(), net.gradient_values().end());
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("gemm_part's parts of a product are the elements gemm computes") {
+  settings_guard guard;
+  set_num_threads(1);
+  struct product {
+    bool transpose_a, transpose_b;
+    index_t m, n, k;
+  };
+  // The MNIST MLP's forward (run as its transpose on AMX tiles) and its weight gradient; a product with a bias and
+  // ReLU; uneven sizes.
+  for (bool amx : {true, false}) {
+    kernels::cpu::set_amx_gemm(amx);
+    for (const product p : {product{false, true, 64, 128, 784}, product{true, false, 128, 784, 64},
+                            product{false, false, 70, 100, 90}}) {
+      CAPTURE(amx);
+      CAPTURE(p.m);
+      const index_t lda = p.transpose_a ? p.m : p.k, ldb = p.transpose_b ? p.k : p.n;
+      const auto a = random_values(std::size_t(p.m * p.k), 1), b = random_values(std::size_t(p.k * p.n), 2);
+      const auto bias = random_values(std::size_t(p.n), 3);
+      const kernels::cpu::epilogue<float> ep{bias.data(), activation::relu, 0.0f};
+      REQUIRE(kernels::cpu::gemm_splits<float>(p.transpose_a, p.transpose_b, p.m, p.n, p.k));
+      std::vector<float> whole(std::size_t(p.m * p.n)), parts(whole.size(), -1.0f);
+      kernels::cpu::gemm<float>(p.transpose_a, p.transpose_b, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                                whole.data(), p.n, ep);
+      // Four parts: rows cut at 32 (or 16), columns at 48.
+      const index_t row_cut = p.m > 64 ? 32 : 16, col_cut = 48;
+      for (auto [i0, i1] : {std::pair{index_t(0), row_cut}, std::pair{row_cut, p.m}})
+        for (auto [j0, j1] : {std::pair{index_t(0), col_cut}, std::pair{col_cut, p.n}})
+          kernels::cpu::gemm_part<float>(p.transpose_a, p.transpose_b, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(),
+                                         ldb, parts.data(), p.n, i0, i1, j0, j1, ep);
+      CHECK(bitwise_equal(parts, whole));
+    }
+  }
+  // Parts must start on tiles, and small products (which gemm runs whole on other paths) cannot be split.
+  std::vector<float> a(64 * 64), c(64 * 64);
+  CHECK_THROWS_WITH_AS(
+      kernels::cpu::gemm_part<float>(false, false, 64, 64, 64, 1.0f, a.data(), 64, a.data(), 64, c.data(), 64, 8, 64,
+                                     0, 64),
+      doctest::Contains("starting on multiples of 16"), error);
+  CHECK_FALSE(kernels::cpu::gemm_splits<float>(false, false, 4, 4, 4));
+  CHECK_THROWS_WITH_AS(kernels::cpu::gemm_part<float>(false, false, 4, 4, 4, 1.0f, a.data(), 4, a.data(), 4, c.data(),
+                                                      4, 0, 4, 0, 4),
+                       doctest::Contains("blocked or on AMX"), error);
+}
+
+#if defined(_OPENMP)
+TEST_CASE("the fused step takes Sequential::train_step's steps, bit for bit, on one thread and on two") {
+  settings_guard guard;
+  kernels::cpu::set_thread_balancing(true);
+  using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+  const batches<Net> data(64, 3);
+  for (bool amx : {true, false}) {
+    CAPTURE(amx);
+    kernels::cpu::set_amx_gemm(amx);
+    set_num_threads(1);
+    const auto reference = trained(data, 5, false);
+    CHECK(bitwise_equal(trained(data, 5, true), reference));
+    set_num_threads(2);
+    CHECK(bitwise_equal(trained(data, 5, false), reference));
+    // The hidden units split equally, 3:1 and 1:3 (in tiles of 16).
+    for (const std::vector<double>& shares : {std::vector<double>{}, {3, 1}, {1, 3}}) {
+      kernels::cpu::set_fixed_thread_shares(shares);
+      CHECK(bitwise_equal(trained(data, 5, true), reference));
+    }
+    kernels::cpu::set_fixed_thread_shares({});
+  }
+}
+
+TEST_CASE("the fused step with AdamW, an uneven batch and a hidden layer of partial tiles") {
+  settings_guard guard;
+  kernels::cpu::set_thread_balancing(true);
+  // 100 hidden units: 7 tiles, the last of 4 units; a batch of 50 rows.
+  using Net = Sequential<policy::cpu, Input<300>, Dense<100, ReLU>, Dense<10>>;
+  const batches<Net> data(50, 3);
+  set_num_threads(1);
+  const auto reference = trained(data, 4, false, true);
+  CHECK(bitwise_equal(trained(data, 4, true, true), reference));
+  set_num_threads(2);
+  kernels::cpu::set_fixed_thread_shares({2, 5});
+  CHECK(bitwise_equal(trained(data, 4, true, true), reference));
+}
+
+TEST_CASE("the fused step with bfloat16 products takes cpu_bf16's steps") {
+  settings_guard guard;
+  using Net = Sequential<policy::cpu_bf16, Input<784>, Dense<128, ReLU>, Dense<10>>;
+  const batches<Net> data(64, 3);
+  set_num_threads(2);
+  const auto reference = trained(data, 3, false);
+  CHECK(bitwise_equal(trained(data, 3, true), reference));
+}
+#endif
+
+TEST_CASE("the fused step refuses what it cannot train, before changing anything") {
+  using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<32, ReLU>, Dense<10>>;
+  Net net(8, 1);
+  CHECK_THROWS_WITH_AS(fused_mlp_trainer<Net>(net, optim::adam_options{.amsgrad = true}),
+                       doctest::Contains("expected Adam without amsgrad"), error);
+  CHECK_THROWS_WITH_AS(fused_mlp_trainer<Net>(net, optim::adam_options{.clip = {.norm = 1.0}}),
+                       doctest::Contains("clipping"), error);
+  CHECK_THROWS_WITH_AS(fused_mlp_trainer<Net>(net, optim::adam_options{.lr = -1}),
+                       doctest::Contains("expected lr, eps and weight decay >= 0"), error);
+  fused_mlp_trainer<Net> trainer(net);
+  const std::vector<float> before(net.parameter_values().begin(), net.parameter_values().end());
+  std::vector<float> x(8 * 784, 0.5f);
+  std::vector<std::int64_t> labels(8, 3);
+  // More samples than the model was built for, and a batch of the wrong sample shape.
+  std::vector<float> big(9 * 784, 0.5f);
+  CHECK_THROWS_WITH_AS(trainer.train_step({big.data(), shape{9, 28, 28}}, {labels.data(), shape{8}}),
+                       doctest::Contains("expected a batch of 1 to 8 samples of 784 values"), error);
+  CHECK_THROWS_WITH_AS(trainer.train_step({x.data(), shape{8, 784}}, {labels.data(), shape{8}}),
+                       doctest::Contains("found shape"), error);
+  CHECK_THROWS_WITH_AS(trainer.train_step({x.data(), shape{8, 28, 28}}, {labels.data(), shape{7}}),
+                       doctest::Contains("expected 8 labels"), error);
+  labels[5] = 10;
+  CHECK_THROWS_WITH_AS(trainer.train_step({x.data(), shape{8, 28, 28}}, {labels.data(), shape{8}}),
+                       doctest::Contains("row 5"), error);
+  labels[5] = 3;
+  net.freeze(1);
+  CHECK_THROWS_WITH_AS(trainer.train_step({x.data(), shape{8, 28, 28}}, {labels.data(), shape{8}}),
+                       doctest::Contains("found layer 1 frozen"), error);
+  CHECK(trainer.steps() == 0);
+  CHECK(std::memcmp(before.data(), net.parameter_values().data(), before.size() * sizeof(float)) == 0);
+  net.unfreeze(1);
+  CHECK(std::isfinite(trainer.train_step({x.data(), shape{8, 28, 28}}, {labels.data(), shape{8}})));
+  CHECK(trainer.steps() == 1);
+}
