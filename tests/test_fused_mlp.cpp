@@ -47,7 +47,8 @@ struct batches {
     for (int b = 0; b < count; ++b) {
       x.push_back(random_values(std::size_t(rows * Net::input_shape::size), 100 + std::uint64_t(b)));
       std::vector<std::int64_t> labels(std::size_t(rows), 0);
-      for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int64_t((i * 7 + std::size_t(b)) % 10);
+      for (std::size_t i = 0; i < labels.size(); ++i)
+        labels[i] = std::int64_t((i * 7 + std::size_t(b)) % std::size_t(Net::output_shape::size));
       y.push_back(labels);
     }
   }
@@ -127,6 +128,38 @@ TEST_CASE("gemm_part's parts of a product are the elements gemm computes") {
                        doctest::Contains("blocked or on AMX"), error);
 }
 
+TEST_CASE("sum_rows_part and softmax_cross_entropy_rows give the whole call's bits in parts") {
+  // Column sums: widths whose last strip sums in 4, 2 or 1 chains, parts cut on multiples of 16.
+  for (index_t cols : {10, 16, 40, 80, 100, 128, 200}) {
+    CAPTURE(cols);
+    const index_t rows = 37;
+    const auto x = random_values(std::size_t(rows * cols), 5);
+    std::vector<float> whole(static_cast<std::size_t>(cols)), parts(static_cast<std::size_t>(cols), -1.0f);
+    kernels::cpu::reduce_kernels::sum_rows(x.data(), whole.data(), rows, cols, false);
+    for (index_t c0 = 0; c0 < cols; c0 += 48)
+      kernels::cpu::reduce_kernels::sum_rows_part(x.data(), parts.data(), rows, cols, c0, std::min(cols, c0 + 48),
+                                                  false);
+    CHECK(bitwise_equal(parts, whole));
+  }
+  // The loss by rows, its terms summed in order as the whole call sums them.
+  const index_t rows = 64, classes = 10;
+  const auto logits = random_values(std::size_t(rows * classes), 6, 3.0f);
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = std::int64_t((i * 3) % 10);
+  std::vector<float> grad(logits.size()), grad_rows(logits.size()), row_losses(static_cast<std::size_t>(rows));
+  const float loss = kernels::cpu::loss_kernels::softmax_cross_entropy(logits.data(), labels.data(), rows, classes,
+                                                                       reduction::mean, grad.data());
+  const float scale = 1.0f / float(rows);
+  for (auto [begin, end] : {std::pair{index_t(0), index_t(21)}, std::pair{index_t(21), rows}})
+    kernels::cpu::loss_kernels::softmax_cross_entropy_rows(logits.data(), labels.data(), begin, end, classes, scale,
+                                                           grad_rows.data(), row_losses.data());
+  double total = 0;
+  for (float term : row_losses) total += term;
+  const float loss_rows = float(total) * scale;
+  CHECK(std::memcmp(&loss, &loss_rows, sizeof loss) == 0);
+  CHECK(bitwise_equal(grad_rows, grad));
+}
+
 #if defined(_OPENMP)
 TEST_CASE("the fused step takes Sequential::train_step's steps, bit for bit, on one thread and on two") {
   settings_guard guard;
@@ -150,10 +183,10 @@ TEST_CASE("the fused step takes Sequential::train_step's steps, bit for bit, on 
   }
 }
 
-TEST_CASE("the fused step with AdamW, an uneven batch and a hidden layer of partial tiles") {
+TEST_CASE("the fused step with AdamW, an uneven batch and hidden layers of partial tiles") {
   settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
-  // 100 hidden units: 7 tiles, the last of 4 units; a batch of 50 rows.
+  // 100 hidden units: 7 tiles, the last of 4 units, the bias gradient's last strip 36 columns; a batch of 50 rows.
   using Net = Sequential<policy::cpu, Input<300>, Dense<100, ReLU>, Dense<10>>;
   const batches<Net> data(50, 3);
   set_num_threads(1);
@@ -162,6 +195,16 @@ TEST_CASE("the fused step with AdamW, an uneven batch and a hidden layer of part
   set_num_threads(2);
   kernels::cpu::set_fixed_thread_shares({2, 5});
   CHECK(bitwise_equal(trained(data, 4, true, true), reference));
+  // 80 hidden units: the bias gradient's last strip is one vector, summed in four chains; 3 outputs.
+  using Narrow = Sequential<policy::cpu, Input<200>, Dense<80, ReLU>, Dense<3>>;
+  const batches<Narrow> narrow_data(48, 3);
+  set_num_threads(1);
+  const auto narrow_reference = trained(narrow_data, 3, false);
+  set_num_threads(2);
+  for (const std::vector<double>& shares : {std::vector<double>{1, 1}, {1, 4}, {4, 1}}) {
+    kernels::cpu::set_fixed_thread_shares(shares);
+    CHECK(bitwise_equal(trained(narrow_data, 3, true), narrow_reference));
+  }
 }
 
 TEST_CASE("the fused step with bfloat16 products takes cpu_bf16's steps") {

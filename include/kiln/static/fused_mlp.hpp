@@ -65,6 +65,9 @@ class fused_mlp_trainer<Net, true> {
         exp_avg_(Net::flat_parameter_size),
         exp_avg_sq_(Net::flat_parameter_size),
         hidden_values_(net.max_batch() * hidden),
+        hidden_grads_(net.max_batch() * hidden),
+        head_values_(net.max_batch() * out),
+        row_losses_(net.max_batch()),
         options_(o),
         decoupled_(decoupled) {
     if (o.amsgrad || o.regularize.l1 != 0 || o.regularize.l2 != 0 || o.clip.norm != 0 || o.clip.value != 0)
@@ -89,6 +92,9 @@ class fused_mlp_trainer<Net, true> {
     arguments_.hidden = hidden;
     arguments_.out = out;
     arguments_.hidden_values = hidden_values_.data();
+    arguments_.hidden_grads = hidden_grads_.data();
+    arguments_.head_values = head_values_.data();
+    arguments_.row_losses = row_losses_.data();
   }
   // AdamW's hyper-parameters (its default weight decay 0.01, decoupled from the gradient).
   fused_mlp_trainer(Net& net, const optim::adamw_options& o)
@@ -134,7 +140,8 @@ class fused_mlp_trainer<Net, true> {
   using fused_parameter = kernels::cpu::fused_parameter;
 
   Net& net_;
-  aligned_buffer<float> exp_avg_, exp_avg_sq_, hidden_values_;
+  aligned_buffer<float> exp_avg_, exp_avg_sq_;
+  aligned_buffer<float> hidden_values_, hidden_grads_, head_values_, row_losses_;  // the step's scratch
   optim::adam_options options_;
   bool decoupled_;
   long long steps_ = 0;

@@ -40,6 +40,26 @@ namespace kernels::cpu {
 
 // The loss kernels of the CPU policies.
 struct loss_kernels {
+  // One row of softmax_cross_entropy: writes the row's gradient (g, unless null) scaled by factor and returns the
+  // row's loss, -log softmax(x)[label], which the callers add up in order.
+  template <class T>
+  static T softmax_cross_entropy_row(const T* x, std::int64_t label, index_t classes, T* g, T factor) {
+    const T label_logit = x[label];  // read before the gradient row, which may alias the logits, is written
+    T max_value = -std::numeric_limits<T>::infinity();
+    for (index_t c = 0; c < classes; ++c) max_value = std::max(max_value, x[c]);
+    T exp_sum = 0;
+    if (g) {
+      for (index_t c = 0; c < classes; ++c) g[c] = exp_value(x[c] - max_value);
+      for (index_t c = 0; c < classes; ++c) exp_sum += g[c];
+      const T inverse = T(1) / exp_sum;
+      for (index_t c = 0; c < classes; ++c) g[c] = g[c] * inverse * factor;
+      g[label] -= factor;
+    } else {
+      for (index_t c = 0; c < classes; ++c) exp_sum += exp_value(x[c] - max_value);
+    }
+    return std::log(exp_sum) - (label_logit - max_value);  // as log_softmax: large logits cancel exactly first
+  }
+
   // L = reduce((input - target)^2). grad (optional) = upstream * dL/dinput.
   // The squares are summed in `mse_chains` interleaved chains (element i into chain i % mse_chains), then pairwise:
   // one chain waited on the latency of every add (1000 elements: 1.1 us of a 40 us training step).
@@ -80,25 +100,22 @@ struct loss_kernels {
     const T scale = reduction_scale<T>("cross_entropy", r, rows);
     const T factor = scale * upstream;
     sum_type<T> total = 0;
-    for (index_t row = 0; row < rows; ++row) {
-      const T* x = logits + row * classes;
-      const T label_logit = x[labels[row]];  // read before the gradient row, which may alias the logits, is written
-      T max_value = -std::numeric_limits<T>::infinity();
-      for (index_t c = 0; c < classes; ++c) max_value = std::max(max_value, x[c]);
-      T exp_sum = 0;
-      if (grad) {
-        T* g = grad + row * classes;
-        for (index_t c = 0; c < classes; ++c) g[c] = exp_value(x[c] - max_value);
-        for (index_t c = 0; c < classes; ++c) exp_sum += g[c];
-        const T inverse = T(1) / exp_sum;
-        for (index_t c = 0; c < classes; ++c) g[c] = g[c] * inverse * factor;
-        g[labels[row]] -= factor;
-      } else {
-        for (index_t c = 0; c < classes; ++c) exp_sum += exp_value(x[c] - max_value);
-      }
-      total += std::log(exp_sum) - (label_logit - max_value);  // as log_softmax: large logits cancel exactly first
-    }
+    for (index_t row = 0; row < rows; ++row)
+      total += softmax_cross_entropy_row(logits + row * classes, labels[row], classes,
+                                         grad ? grad + row * classes : nullptr, factor);
     return static_cast<T>(total) * scale;
+  }
+
+  // Rows [begin, end) of softmax_cross_entropy: their gradient rows, scaled by `factor` (the whole call's scale times
+  // its upstream gradient), and each row's loss before the reduction into row_losses[row]. Summed in row order into
+  // a sum_type<T> and scaled, these give the whole call's loss, bit for bit: a caller may share a batch's rows out
+  // over threads (kernels/cpu/fused_mlp.hpp). Labels must have been checked.
+  template <class T>
+  static void softmax_cross_entropy_rows(const T* logits, const std::int64_t* labels, index_t begin, index_t end,
+                                         index_t classes, T factor, T* grad, T* row_losses) {
+    for (index_t row = begin; row < end; ++row)
+      row_losses[row] = softmax_cross_entropy_row(logits + row * classes, labels[row], classes,
+                                                  grad ? grad + row * classes : nullptr, factor);
   }
 
   // Cross-entropy with PyTorch's options (class_loss_options): for a row with label y, weights w (all 1 without

@@ -25,11 +25,29 @@ struct reduce_kernels {
     constexpr int W = gemm_detail::simd<T>::width;
     for (index_t c0 = 0; c0 < cols; c0 += 4 * W) {
       const int strip = int(std::min<index_t>(4 * W, cols - c0));
-      switch ((strip + W - 1) / W) {
-        case 1: sum_rows_strip<1>(x + c0, column_sums + c0, rows, cols, strip, accumulate); break;
-        case 2: sum_rows_strip<2>(x + c0, column_sums + c0, rows, cols, strip, accumulate); break;
-        case 3: sum_rows_strip<3>(x + c0, column_sums + c0, rows, cols, strip, accumulate); break;
-        default: sum_rows_strip<4>(x + c0, column_sums + c0, rows, cols, strip, accumulate); break;
+      const int vecs = (strip + W - 1) / W;
+      switch (sum_rows_chains(vecs)) {
+        case 4: sum_rows_vectors<4>(vecs, x + c0, column_sums + c0, rows, cols, strip, accumulate); break;
+        case 2: sum_rows_vectors<2>(vecs, x + c0, column_sums + c0, rows, cols, strip, accumulate); break;
+        default: sum_rows_vectors<1>(vecs, x + c0, column_sums + c0, rows, cols, strip, accumulate); break;
+      }
+    }
+  }
+  // sum_rows's sums of columns [c0, c1) alone, each column summed in the chains of the strip that holds it in the
+  // whole matrix, so that the sums are sum_rows's bits: for a caller that shares a matrix's columns out over threads
+  // (fused_mlp.hpp). c0 must be a multiple of the vector width (16 is one on every target).
+  template <class T>
+  static void sum_rows_part(const T* x, T* column_sums, index_t rows, index_t cols, index_t c0, index_t c1,
+                            bool accumulate) {
+    constexpr index_t W = gemm_detail::simd<T>::width, strip_width = 4 * W;
+    for (index_t s0 = c0 / strip_width * strip_width; s0 < c1; s0 += strip_width) {
+      const int whole_vecs = int((std::min(strip_width, cols - s0) + W - 1) / W);
+      const index_t begin = std::max(c0, s0), end = std::min(c1, s0 + strip_width);
+      const int strip = int(end - begin), vecs = int((strip + W - 1) / W);
+      switch (sum_rows_chains(whole_vecs)) {
+        case 4: sum_rows_vectors<4>(vecs, x + begin, column_sums + begin, rows, cols, strip, accumulate); break;
+        case 2: sum_rows_vectors<2>(vecs, x + begin, column_sums + begin, rows, cols, strip, accumulate); break;
+        default: sum_rows_vectors<1>(vecs, x + begin, column_sums + begin, rows, cols, strip, accumulate); break;
       }
     }
   }
@@ -57,11 +75,12 @@ struct reduce_kernels {
   // summed in memory, every add waited on the store of the one before (a Dense layer's 10-wide bias gradient over
   // 1000 rows took 8 us of a 100 us training step). A narrow strip has too few vectors to hide the add's latency and
   // sums its rows in interleaved chains instead (1000 x 10: 1.1 -> 0.3 us).
-  template <int Vecs, class T>
+  // Chains is sum_rows_chains(Vecs) but where sum_rows_part sums part of a strip: then the whole strip's.
+  template <int Vecs, int Chains, class T>
   static void sum_rows_strip(const T* x, T* column_sums, index_t rows, index_t cols, int strip, bool accumulate) {
     using S = gemm_detail::simd<T>;
     using Reg = typename S::reg;
-    constexpr int W = S::width, chains = sum_rows_chains(Vecs);
+    constexpr int W = S::width, chains = Chains;
     const int last_lanes = strip - (Vecs - 1) * W;
     auto load_last = [last_lanes](const T* p) { return last_lanes == W ? S::load(p) : S::load_n(p, last_lanes); };
     Reg acc[chains][Vecs];
@@ -86,6 +105,17 @@ struct reduce_kernels {
         S::store(column_sums + v * W, total);
       else
         S::store_n(last_sums, total, last_lanes);
+    }
+  }
+  // sum_rows_strip with Chains chains over a strip of `vecs` vectors.
+  template <int Chains, class T>
+  static void sum_rows_vectors(int vecs, const T* x, T* column_sums, index_t rows, index_t cols, int strip,
+                               bool accumulate) {
+    switch (vecs) {
+      case 1: sum_rows_strip<1, Chains>(x, column_sums, rows, cols, strip, accumulate); break;
+      case 2: sum_rows_strip<2, Chains>(x, column_sums, rows, cols, strip, accumulate); break;
+      case 3: sum_rows_strip<3, Chains>(x, column_sums, rows, cols, strip, accumulate); break;
+      default: sum_rows_strip<4, Chains>(x, column_sums, rows, cols, strip, accumulate); break;
     }
   }
 };
