@@ -23,7 +23,7 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/threads.hpp"
-#include "kiln/kernels/cpu/elementwise.hpp"
+#include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/loss.hpp"
 #include "kiln/kernels/cpu/optim.hpp"
@@ -143,10 +143,10 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
                a.precision);
   product_part(false, false, batch, hidden, out, head, out, a.w2.value, hidden, dh, hidden, 0, batch, u0, u1, {},
                a.precision);
-  for (index_t row = 0; row < batch; ++row) {
-    float* const dh_row = dh + row * hidden + u0;
-    elementwise_kernels::activation_backward(activation::relu, static_cast<const float*>(nullptr),
-                                             h + row * hidden + u0, dh_row, dh_row, u1 - u0, 0.0f);
+  for (index_t row = 0; row < batch; ++row) {  // activation_backward's arithmetic, on this thread's columns
+    float* const dh_row = dh + row * hidden;
+    const float* const h_row = h + row * hidden;
+    for (index_t j = u0; j < u1; ++j) dh_row[j] = activate_backward(activation::relu, 0.0f, h_row[j], dh_row[j], 0.0f);
   }
   reduce_kernels::sum_rows_part(dh, a.b1.grad, batch, hidden, u0, u1, false);
   for (index_t o = 0; o < out; ++o) adam_range(a.w2, o * hidden + u0, o * hidden + u1, a.adam);
