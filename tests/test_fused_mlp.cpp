@@ -3,28 +3,19 @@
 // unevenly, with AMX on and off; gemm_part's parts of a product are gemm's elements; bad input is refused.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kiln/kiln.hpp"
 #include "kiln/static/fused_mlp.hpp"
+#include "thread_settings.hpp"
 
 using namespace kiln;
 
 namespace {
-
-// Restores the process-wide settings a test changes.
-struct settings_guard {
-  int threads = num_threads();
-  bool balancing = kernels::cpu::thread_balancing_active();
-  bool amx = kernels::cpu::amx_gemm_active();
-  ~settings_guard() {
-    set_num_threads(threads);
-    kernels::cpu::set_thread_balancing(balancing);
-    kernels::cpu::set_fixed_thread_shares({});
-    kernels::cpu::set_amx_gemm(amx);
-  }
-};
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -85,7 +76,7 @@ std::vector<float> trained(const batches<Net>& data, int steps, bool fused, bool
 }  // namespace
 
 TEST_CASE("gemm_part's parts of a product are the elements gemm computes") {
-  settings_guard guard;
+  thread_settings_guard guard;
   set_num_threads(1);
   struct product {
     bool transpose_a, transpose_b;
@@ -162,7 +153,7 @@ TEST_CASE("sum_rows_part and softmax_cross_entropy_rows give the whole call's bi
 
 #if defined(_OPENMP)
 TEST_CASE("the fused step takes Sequential::train_step's steps, bit for bit, on one thread and on two") {
-  settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
   const batches<Net> data(64, 3);
@@ -184,7 +175,7 @@ TEST_CASE("the fused step takes Sequential::train_step's steps, bit for bit, on 
 }
 
 TEST_CASE("the fused step with AdamW, an uneven batch and hidden layers of partial tiles") {
-  settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   // 100 hidden units: 7 tiles, the last of 4 units, the bias gradient's last strip 36 columns; a batch of 50 rows.
   using Net = Sequential<policy::cpu, Input<300>, Dense<100, ReLU>, Dense<10>>;
@@ -208,7 +199,7 @@ TEST_CASE("the fused step with AdamW, an uneven batch and hidden layers of parti
 }
 
 TEST_CASE("the fused step with bfloat16 products takes cpu_bf16's steps") {
-  settings_guard guard;
+  thread_settings_guard guard;
   using Net = Sequential<policy::cpu_bf16, Input<784>, Dense<128, ReLU>, Dense<10>>;
   const batches<Net> data(64, 3);
   set_num_threads(2);

@@ -15,6 +15,7 @@
 #include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/thread_balance.hpp"
 #include "kiln/kiln.hpp"
+#include "thread_settings.hpp"
 
 using namespace kiln;
 using kernels::cpu::run_clock;
@@ -22,19 +23,6 @@ using kernels::cpu::thread_balance;
 using kernels::cpu::thread_split;
 
 namespace {
-
-// Restores the process-wide settings a test changes.
-struct balance_settings_guard {
-  int threads = num_threads();
-  bool balancing = kernels::cpu::thread_balancing_active();
-  bool amx = kernels::cpu::amx_gemm_active();
-  ~balance_settings_guard() {
-    set_num_threads(threads);
-    kernels::cpu::set_thread_balancing(balancing);
-    kernels::cpu::set_fixed_thread_shares({});
-    kernels::cpu::set_amx_gemm(amx);
-  }
-};
 
 // A run of `units` units split by `split` in which thread i took seconds[i].
 void record_run(thread_balance& balance, const thread_split& split, index_t units, std::vector<double> seconds) {
@@ -76,7 +64,7 @@ TEST_CASE("an equal split covers every unit once, in order") {
 }
 
 TEST_CASE("the shares move toward equal finishing times, within their floor") {
-  balance_settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   thread_balance balance;
   // Before any run: equal.
@@ -119,7 +107,7 @@ TEST_CASE("the shares move toward equal finishing times, within their floor") {
 }
 
 TEST_CASE("balancing off, a new team size, or a run where a thread had nothing to do: equal shares") {
-  balance_settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   thread_balance balance;
   for (int run = 0; run < 50; ++run) record_run(balance, balance.split(2), 100, {1e-5, 3e-5});
@@ -139,7 +127,7 @@ TEST_CASE("balancing off, a new team size, or a run where a thread had nothing t
 }
 
 TEST_CASE("fixed shares replace the learned ones for their team size, and bad weights are errors") {
-  balance_settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   thread_balance balance;
   kernels::cpu::set_fixed_thread_shares({3, 1});
@@ -160,7 +148,7 @@ TEST_CASE("fixed shares replace the learned ones for their team size, and bad we
 // The products of the MNIST MLP's step (its forward through the AMX or AVX-512 path, and its weight gradient) and
 // Adam's update of a flat buffer give the same bits on one thread and on two split 4:1, 1:4 or equally.
 TEST_CASE("no split of the work changes a product or an update") {
-  balance_settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   const index_t batch = 64, in = 784, hidden = 128;
   const auto x = random_values(std::size_t(batch * in), 1, 1.0f);
@@ -232,7 +220,7 @@ std::vector<float> train_losses(int threads, const std::vector<double>& shares, 
 
 // A static model trained on two threads, its work split unevenly, takes the one-thread run's steps exactly.
 TEST_CASE("a static model's losses are the same bits on one thread and on two split unevenly") {
-  balance_settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   using Net = Sequential<policy::cpu, Input<784>, Dense<128, ReLU>, Dense<10>>;
   const auto one = train_losses<Net>(1, {}, 5);
@@ -254,7 +242,7 @@ std::vector<std::pair<index_t, index_t>> row_slices(index_t rows, index_t min_ro
 }
 
 TEST_CASE("row slices follow the shares while every slice keeps its minimum rows") {
-  balance_settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   set_num_threads(2);
   kernels::cpu::set_fixed_thread_shares({3, 1});
@@ -271,7 +259,7 @@ TEST_CASE("row slices follow the shares while every slice keeps its minimum rows
 // A static LSTM's batch rows run in slices (policy::cpu::for_batch_slices): split 2:1 or 1:2 they take the one-thread
 // run's steps exactly.
 TEST_CASE("a static LSTM's losses are the same bits on one thread and on two split unevenly") {
-  balance_settings_guard guard;
+  thread_settings_guard guard;
   kernels::cpu::set_thread_balancing(true);
   using Net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
   const auto one = train_losses<Net>(1, {}, 3);

@@ -24,7 +24,7 @@
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/flatten.hpp"
 #include "kiln/optim/adam.hpp"
-#include "kiln/static/fused_mlp_layout.hpp"
+#include "kiln/static/fused_mlp_common.hpp"
 #include "kiln/static/resident.hpp"
 #include "kiln/static/sequential.hpp"
 
@@ -34,16 +34,12 @@ namespace kiln {
 // Trains `Net` one fused kernel launch per step (see the top of this file). The model must outlive the trainer.
 template <class Net>
 class fused_mlp_trainer<Net, false> {
-  using layout = detail::fused_mlp_layout<Net>;
-  static_assert(layout::matches,
-                "kiln::fused_mlp_trainer: expected Sequential<Policy, Input<...>, Flatten, Dense<Hidden, ReLU>, "
-                "Dense<Out>> (Flatten optional for a flat input)");
-  static_assert(std::is_same_v<typename Net::value_type, float>, "kiln::fused_mlp_trainer: expected float values");
-  static constexpr index_t in = Net::input_shape::size, hidden = layout::hidden, out = layout::out;
+  using model = detail::fused_mlp_model<Net>;
+  static constexpr index_t in = model::in, hidden = model::hidden, out = model::out;
 
  public:
-  // Adam (decoupled = false) or AdamW (true) with these hyper-parameters. The fused step has no amsgrad, no L1/L2
-  // regularisation and no gradient clipping: asking for them is an error rather than a silently different step.
+  // Adam (decoupled = false) or AdamW (true) with these hyper-parameters, which detail::check_fused_mlp_options
+  // checks (no amsgrad, regularisation or clipping).
   fused_mlp_trainer(Net& net, const optim::adam_options& o = {}, bool decoupled = false)
       : net_(net),
         exp_avg_(Net::flat_parameter_size),
@@ -52,14 +48,7 @@ class fused_mlp_trainer<Net, false> {
         step_(1),
         loss_(1),
         bad_label_(1) {
-    if (o.amsgrad || o.regularize.l1 != 0 || o.regularize.l2 != 0 || o.clip.norm != 0 || o.clip.value != 0)
-      fail("fused_mlp_trainer: expected Adam without amsgrad, regularisation or clipping, found amsgrad ", o.amsgrad,
-           ", l1 ", o.regularize.l1, ", l2 ", o.regularize.l2, ", clip norm ", o.clip.norm, ", clip value ",
-           o.clip.value);
-    if (!(o.lr >= 0) || !(o.eps >= 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) ||
-        !(o.beta2 >= 0 && o.beta2 < 1))
-      fail("fused_mlp_trainer: expected lr, eps and weight decay >= 0 and betas in [0, 1), found lr ", o.lr, ", eps ",
-           o.eps, ", weight decay ", o.weight_decay, ", betas ", o.beta1, " and ", o.beta2);
+    detail::check_fused_mlp_options(o);
     kernels::cuda::check_fused_mlp(net.max_batch(), in, hidden, out, units_);
     // What every step passes alike; enqueue_train_step fills in the batch.
     arguments_.in = in;
@@ -70,14 +59,8 @@ class fused_mlp_trainer<Net, false> {
     arguments_.bad_label = bad_label_.data();
     arguments_.adam = {float(o.lr),           float(o.beta1), float(o.beta2), float(o.eps),
                        float(o.weight_decay), decoupled,      false,          0};
-    const auto tensors = Net::named_parameter_infos();
-    if (tensors.size() != 4) fail("fused_mlp_trainer: expected 4 parameter tensors, found ", tensors.size());
-    fused_parameter* targets[] = {&arguments_.w1, &arguments_.b1, &arguments_.w2, &arguments_.b2};
-    for (std::size_t i = 0; i < 4; ++i) {
-      const index_t offset = tensors[i].offset;
-      *targets[i] = {net.parameter_values().data() + offset, net.gradient_values().data() + offset,
-                     exp_avg_.data() + offset, exp_avg_sq_.data() + offset};
-    }
+    detail::bind_fused_parameters(net, exp_avg_.data(), exp_avg_sq_.data(),
+                                  {&arguments_.w1, &arguments_.b1, &arguments_.w2, &arguments_.b2});
     const cudaStream_t stream = kiln::cuda::current_stream();
     KILN_CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, sizeof(float) * std::size_t(exp_avg_.size()), stream));
     KILN_CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, sizeof(float) * std::size_t(exp_avg_sq_.size()), stream));
@@ -85,11 +68,7 @@ class fused_mlp_trainer<Net, false> {
   }
   // AdamW's hyper-parameters (its default weight decay 0.01, decoupled from the gradient).
   fused_mlp_trainer(Net& net, const optim::adamw_options& o)
-      : fused_mlp_trainer(net,
-                          optim::adam_options{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
-                                              .weight_decay = o.weight_decay, .amsgrad = o.amsgrad,
-                                              .regularize = o.regularize, .clip = o.clip},
-                          true) {}
+      : fused_mlp_trainer(net, detail::adam_options_of(o), true) {}
 
   // Hidden units per block of the kernel (1, 2, 4 or 8; kernels::cuda::fused_mlp_auto_units(Hidden) until set): fewer
   // give more blocks, each reading the whole batch. For measuring the split; the results agree to rounding either way.
@@ -122,17 +101,7 @@ class fused_mlp_trainer<Net, false> {
   // row whose label is out of range adds nothing to the loss), as Sequential::enqueue_train_step.
   void enqueue_train_step(resident_t, tensor_view<const float> x, tensor_view<const std::int64_t> labels,
                           float* loss_out) {
-    const index_t batch = x.rank() > 0 ? x.extent(0) : 0;
-    if (x.rank() != Net::input_shape::rank + 1 || batch < 1 || x.numel() != batch * in || batch > net_.max_batch())
-      fail("fused_mlp_trainer::train_step: expected a batch of 1 to ", net_.max_batch(), " samples of ", in,
-           " values (", Net::input_shape::rank, " dimensions each), found shape ", x.shape());
-    if (labels.numel() != batch)
-      fail("fused_mlp_trainer::train_step: expected ", batch, " labels, one per sample, found ", labels.numel());
-    // The kernel updates every parameter: a frozen layer would silently train.
-    for (std::size_t layer = 0; layer < Net::layer_count; ++layer)
-      if (net_.is_frozen(layer))
-        fail("fused_mlp_trainer::train_step: expected no frozen layer (the fused step updates them all), found layer ",
-             layer, " frozen; train it with Sequential::train_step instead");
+    const index_t batch = detail::check_fused_mlp_batch(net_, x, labels);
     const cudaStream_t stream = kiln::cuda::current_stream();
     KILN_CUDA_CHECK(cudaMemsetAsync(bad_label_.data(), 0xff, sizeof(long long), stream));
     arguments_.x = x.data();
@@ -151,7 +120,6 @@ class fused_mlp_trainer<Net, false> {
   }
 
  private:
-  using fused_parameter = kernels::cuda::fused_parameter;
   // No row flagged: every bit set, the largest value of the unsigned minimum the kernel keeps.
   static constexpr unsigned long long no_flag = ~0ull;
 

@@ -22,7 +22,7 @@
 #include "kiln/kernels/cpu/fused_mlp.hpp"
 #include "kiln/optim/adam.hpp"
 #include "kiln/policy.hpp"
-#include "kiln/static/fused_mlp_layout.hpp"
+#include "kiln/static/fused_mlp_common.hpp"
 
 namespace kiln {
 
@@ -47,19 +47,15 @@ kernels::cpu::product_precision fused_product_precision() {
 // trainer.
 template <class Net>
 class fused_mlp_trainer<Net, true> {
-  using layout = detail::fused_mlp_layout<Net>;
-  static_assert(layout::matches,
-                "kiln::fused_mlp_trainer: expected Sequential<Policy, Input<...>, Flatten, Dense<Hidden, ReLU>, "
-                "Dense<Out>> (Flatten optional for a flat input)");
+  using model = detail::fused_mlp_model<Net>;
   static_assert(detail::fused_cpu_policy<typename Net::policy>,
                 "kiln::fused_mlp_trainer: expected a model on policy::cpu, cpu_bf16 or cpu_bf16x3 (cpu_blas's "
                 "products are OpenBLAS's)");
-  static_assert(std::is_same_v<typename Net::value_type, float>, "kiln::fused_mlp_trainer: expected float values");
-  static constexpr index_t in = Net::input_shape::size, hidden = layout::hidden, out = layout::out;
+  static constexpr index_t in = model::in, hidden = model::hidden, out = model::out;
 
  public:
-  // Adam (decoupled = false) or AdamW (true) with these hyper-parameters. The fused step has no amsgrad, no L1/L2
-  // regularisation and no gradient clipping: asking for them is an error rather than a silently different step.
+  // Adam (decoupled = false) or AdamW (true) with these hyper-parameters, which detail::check_fused_mlp_options
+  // checks (no amsgrad, regularisation or clipping).
   fused_mlp_trainer(Net& net, const optim::adam_options& o = {}, bool decoupled = false)
       : net_(net),
         exp_avg_(Net::flat_parameter_size),
@@ -70,22 +66,9 @@ class fused_mlp_trainer<Net, true> {
         row_losses_(net.max_batch()),
         options_(o),
         decoupled_(decoupled) {
-    if (o.amsgrad || o.regularize.l1 != 0 || o.regularize.l2 != 0 || o.clip.norm != 0 || o.clip.value != 0)
-      fail("fused_mlp_trainer: expected Adam without amsgrad, regularisation or clipping, found amsgrad ", o.amsgrad,
-           ", l1 ", o.regularize.l1, ", l2 ", o.regularize.l2, ", clip norm ", o.clip.norm, ", clip value ",
-           o.clip.value);
-    if (!(o.lr >= 0) || !(o.eps >= 0) || !(o.weight_decay >= 0) || !(o.beta1 >= 0 && o.beta1 < 1) ||
-        !(o.beta2 >= 0 && o.beta2 < 1))
-      fail("fused_mlp_trainer: expected lr, eps and weight decay >= 0 and betas in [0, 1), found lr ", o.lr, ", eps ",
-           o.eps, ", weight decay ", o.weight_decay, ", betas ", o.beta1, " and ", o.beta2);
-    const auto tensors = Net::named_parameter_infos();
-    if (tensors.size() != 4) fail("fused_mlp_trainer: expected 4 parameter tensors, found ", tensors.size());
-    fused_parameter* targets[] = {&arguments_.w1, &arguments_.b1, &arguments_.w2, &arguments_.b2};
-    for (std::size_t i = 0; i < 4; ++i) {
-      const index_t offset = tensors[i].offset;
-      *targets[i] = {net.parameter_values().data() + offset, net.gradient_values().data() + offset,
-                     exp_avg_.data() + offset, exp_avg_sq_.data() + offset};
-    }
+    detail::check_fused_mlp_options(o);
+    detail::bind_fused_parameters(net, exp_avg_.data(), exp_avg_sq_.data(),
+                                  {&arguments_.w1, &arguments_.b1, &arguments_.w2, &arguments_.b2});
     std::fill_n(exp_avg_.data(), exp_avg_.size(), 0.0f);
     std::fill_n(exp_avg_sq_.data(), exp_avg_sq_.size(), 0.0f);
     arguments_.in = in;
@@ -98,11 +81,7 @@ class fused_mlp_trainer<Net, true> {
   }
   // AdamW's hyper-parameters (its default weight decay 0.01, decoupled from the gradient).
   fused_mlp_trainer(Net& net, const optim::adamw_options& o)
-      : fused_mlp_trainer(net,
-                          optim::adam_options{.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
-                                              .weight_decay = o.weight_decay, .amsgrad = o.amsgrad,
-                                              .regularize = o.regularize, .clip = o.clip},
-                          true) {}
+      : fused_mlp_trainer(net, detail::adam_options_of(o), true) {}
 
   fused_mlp_trainer(const fused_mlp_trainer&) = delete;
   fused_mlp_trainer& operator=(const fused_mlp_trainer&) = delete;
@@ -110,17 +89,7 @@ class fused_mlp_trainer<Net, true> {
   // One step on a batch in host memory; returns its loss. A label outside [0, Out) is a kiln::error naming the row
   // and the label, before anything is changed.
   float train_step(tensor_view<const float> x, tensor_view<const std::int64_t> labels) {
-    const index_t batch = x.rank() > 0 ? x.extent(0) : 0;
-    if (x.rank() != Net::input_shape::rank + 1 || batch < 1 || x.numel() != batch * in || batch > net_.max_batch())
-      fail("fused_mlp_trainer::train_step: expected a batch of 1 to ", net_.max_batch(), " samples of ", in,
-           " values (", Net::input_shape::rank, " dimensions each), found shape ", x.shape());
-    if (labels.numel() != batch)
-      fail("fused_mlp_trainer::train_step: expected ", batch, " labels, one per sample, found ", labels.numel());
-    // The step updates every parameter: a frozen layer would silently train.
-    for (std::size_t layer = 0; layer < Net::layer_count; ++layer)
-      if (net_.is_frozen(layer))
-        fail("fused_mlp_trainer::train_step: expected no frozen layer (the fused step updates them all), found layer ",
-             layer, " frozen; train it with Sequential::train_step instead");
+    const index_t batch = detail::check_fused_mlp_batch(net_, x, labels);
     // Checked here, outside the parallel region, where an error can still leave it.
     kernels::check_class_labels("cross_entropy", labels.data(), batch, out, kernels::class_loss_options<float>{});
     ++steps_;
@@ -137,8 +106,6 @@ class fused_mlp_trainer<Net, true> {
   long long steps() const { return steps_; }
 
  private:
-  using fused_parameter = kernels::cpu::fused_parameter;
-
   Net& net_;
   aligned_buffer<float> exp_avg_, exp_avg_sq_;
   aligned_buffer<float> hidden_values_, hidden_grads_, head_values_, row_losses_;  // the step's scratch

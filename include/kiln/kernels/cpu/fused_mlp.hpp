@@ -29,16 +29,11 @@
 #include "kiln/kernels/cpu/optim.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/cpu/thread_balance.hpp"
+#include "kiln/kernels/fused_parameter.hpp"
 
 namespace kiln::kernels::cpu {
 
-// One parameter tensor of the fused step with its gradient and Adam's two moments, all of the tensor's length.
-struct fused_parameter {
-  float* value;
-  float* grad;
-  float* exp_avg;
-  float* exp_avg_sq;
-};
+using kernels::fused_parameter;  // kernels/fused_parameter.hpp
 
 // Everything one fused step reads and writes.
 struct fused_mlp_step_arguments {

@@ -29,6 +29,7 @@
 #include "kiln/kernels/cuda/adam_capturable.cuh"
 #include "kiln/kernels/cuda/launch.cuh"
 #include "kiln/kernels/cuda/optim.cuh"
+#include "kiln/kernels/fused_parameter.hpp"
 
 namespace kiln::kernels::cuda {
 
@@ -36,14 +37,7 @@ namespace kiln::kernels::cuda {
 inline constexpr int fused_mlp_threads = 256;
 inline constexpr index_t fused_mlp_max_out = 32;
 
-// One parameter tensor of the fused step with its gradient and Adam's two moments, all in device memory, all of the
-// tensor's length.
-struct fused_parameter {
-  float* value;
-  float* grad;
-  float* exp_avg;
-  float* exp_avg_sq;
-};
+using kernels::fused_parameter;  // kernels/fused_parameter.hpp
 
 // Everything one fused step reads and writes. Device memory throughout except the sizes and hyper-parameters.
 struct fused_mlp_step_arguments {
