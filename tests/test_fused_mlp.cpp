@@ -208,6 +208,32 @@ TEST_CASE("the fused step with bfloat16 products takes cpu_bf16's steps") {
 }
 #endif
 
+TEST_CASE("a learning-rate scheduler drives the fused step's Adam as it drives an optimizer") {
+  thread_settings_guard guard;
+  set_num_threads(2);
+  using Net = Sequential<policy::cpu, Input<784>, Dense<128, ReLU>, Dense<10>>;
+  const batches<Net> data(64, 3);
+  Net plain(64, 3), fused(64, 3);
+  optim::Adam opt(optim::adam_options{.lr = 2e-3});
+  fused_mlp_trainer<Net> trainer(fused, optim::adam_options{.lr = 2e-3});
+  optim::StepLR plain_schedule(opt, {.step_size = 1, .gamma = 0.5});
+  optim::StepLR fused_schedule(trainer, {.step_size = 1, .gamma = 0.5});
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int b = 0; b < 3; ++b) {
+      const float plain_loss = plain.train_step(data.x_view(b), data.y_view(b), loss::cross_entropy{}, opt);
+      const float fused_loss = trainer.train_step(data.x_view(b), data.y_view(b));
+      CHECK(std::memcmp(&plain_loss, &fused_loss, sizeof plain_loss) == 0);
+    }
+    plain_schedule.step();
+    fused_schedule.step();
+    CHECK(trainer.lr() == opt.lr());
+  }
+  CHECK(trainer.lr() == doctest::Approx(2e-3 / 8));
+  CHECK(std::memcmp(plain.parameter_values().data(), fused.parameter_values().data(),
+                    plain.parameter_values().size() * sizeof(float)) == 0);
+  CHECK_THROWS_WITH_AS(trainer.set_lr(-1), doctest::Contains("expected lr >= 0"), error);
+}
+
 TEST_CASE("the fused step refuses what it cannot train, before changing anything") {
   using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<32, ReLU>, Dense<10>>;
   Net net(8, 1);

@@ -1,6 +1,7 @@
 // Learning-rate schedulers for a manual training loop, as torch.optim.lr_scheduler: StepLR, MultiStepLR,
 // ExponentialLR, CosineAnnealingLR, LinearLR, LambdaLR, OneCycleLR, SequentialLR and ReduceLROnPlateau. They set the
-// rate of any optimizer through optimizer_base's lr() / set_lr(), so they serve static and dynamic mode alike.
+// rate of any optimizer through its lr() / set_lr() (optimizer_base's, or a fused trainer's: static/fused_mlp.hpp), so
+// they serve static and dynamic mode alike.
 //
 //   optim::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
 //   optim::CosineAnnealingLR schedule(opt, {.t_max = epochs});
@@ -26,15 +27,22 @@
 
 namespace kiln::optim {
 
-// The optimizer a scheduler drives: any optimizer_base<T, Policy>, seen through its learning rate. It refers to the
-// optimizer, which must outlive the scheduler.
+// What has a learning rate a scheduler can drive: an optimizer_base<T, Policy>, or a fused trainer's Adam.
+template <class Optimizer>
+concept has_learning_rate = requires(Optimizer& o, double lr) {
+  { o.lr() } -> std::convertible_to<double>;
+  o.set_lr(lr);
+};
+
+// The optimizer a scheduler drives, seen through its learning rate. It refers to the optimizer, which must outlive
+// the scheduler.
 class optimizer_lr {
  public:
-  template <class T, class Policy>
-  optimizer_lr(optimizer_base<T, Policy>& optimizer)  // NOLINT: implicit, so that a scheduler takes the optimizer
+  template <has_learning_rate Optimizer>
+  optimizer_lr(Optimizer& optimizer)  // NOLINT: implicit, so that a scheduler takes the optimizer
       : optimizer_(&optimizer),
-        get_([](const void* o) { return static_cast<const optimizer_base<T, Policy>*>(o)->lr(); }),
-        set_([](void* o, double lr) { static_cast<optimizer_base<T, Policy>*>(o)->set_lr(lr); }) {}
+        get_([](const void* o) { return double(static_cast<const Optimizer*>(o)->lr()); }),
+        set_([](void* o, double lr) { static_cast<Optimizer*>(o)->set_lr(lr); }) {}
   double get() const { return get_(optimizer_); }
   void set(double lr) const { set_(optimizer_, lr); }
   bool operator==(const optimizer_lr& other) const { return optimizer_ == other.optimizer_; }

@@ -57,6 +57,7 @@ class fused_mlp_trainer<Net, false> {
     arguments_.hidden_values = hidden_values_.data();
     arguments_.step = step_.data();
     arguments_.bad_label = bad_label_.data();
+    lr_ = o.lr;
     arguments_.adam = {float(o.lr),           float(o.beta1), float(o.beta2), float(o.eps),
                        float(o.weight_decay), decoupled,      false,          0};
     detail::bind_fused_parameters(net, exp_avg_.data(), exp_avg_sq_.data(),
@@ -77,6 +78,14 @@ class fused_mlp_trainer<Net, false> {
     units_ = units;
   }
   int units_per_block() const { return units_; }
+
+  // Adam's learning rate, which the optimizer's schedulers (optim/lr_scheduler.hpp) set as they set an optimizer's.
+  double lr() const { return lr_; }
+  void set_lr(double lr) {
+    if (!(lr >= 0)) fail("fused_mlp_trainer::set_lr: expected lr >= 0, found ", lr);
+    lr_ = lr;
+    arguments_.adam.lr = float(lr);
+  }
 
   fused_mlp_trainer(const fused_mlp_trainer&) = delete;
   fused_mlp_trainer& operator=(const fused_mlp_trainer&) = delete;
@@ -130,6 +139,7 @@ class fused_mlp_trainer<Net, false> {
   kiln::cuda::device_buffer<long long> bad_label_;
   kernels::cuda::fused_mlp_step_arguments arguments_{};
   int units_ = kernels::cuda::fused_mlp_auto_units(hidden);
+  double lr_ = 0;  // Adam's rate as set, in double as an optimizer keeps it
 };
 
 }  // namespace kiln

@@ -83,6 +83,13 @@ class fused_mlp_trainer<Net, true> {
   fused_mlp_trainer(Net& net, const optim::adamw_options& o)
       : fused_mlp_trainer(net, detail::adam_options_of(o), true) {}
 
+  // Adam's learning rate, which the optimizer's schedulers (optim/lr_scheduler.hpp) set as they set an optimizer's.
+  double lr() const { return options_.lr; }
+  void set_lr(double lr) {
+    if (!(lr >= 0)) fail("fused_mlp_trainer::set_lr: expected lr >= 0, found ", lr);
+    options_.lr = lr;
+  }
+
   fused_mlp_trainer(const fused_mlp_trainer&) = delete;
   fused_mlp_trainer& operator=(const fused_mlp_trainer&) = delete;
 
