@@ -159,36 +159,33 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
 inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& balance) {
   const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out);
   double busy = 0;
-  if (threads <= 1) return fused_mlp_detail::step_part(a, 0, 1, 0, a.hidden, busy);
-  float loss = 0;
 #if defined(_OPENMP)
-  const index_t tiles = (a.hidden + fused_mlp_unit_tile - 1) / fused_mlp_unit_tile;
-  // At least one tile a thread: a balanced split that leaves a thread none splits equally.
-  thread_split split = balance.split(threads);
-  for (int id = 0; id < threads; ++id)
-    if (split.end(tiles, id) <= split.begin(tiles, id)) split = thread_split::equal(threads);
-  run_clock clock;
+  if (threads > 1) {
+    const index_t tiles = (a.hidden + fused_mlp_unit_tile - 1) / fused_mlp_unit_tile;
+    const thread_split split = balance.split(threads, tiles, 1);  // at least one tile a thread
+    float loss = 0;
+    run_clock clock;
 #pragma omp parallel num_threads(threads)
-  {
-    // A smaller team than asked for (nested parallelism, dynamic adjustment) splits equally.
-    const int team = omp_get_num_threads(), id = omp_get_thread_num();
-    const thread_split mine = split.over(team);
-    const index_t u0 = std::min(a.hidden, mine.begin(tiles, id) * fused_mlp_unit_tile);
-    const index_t u1 = std::min(a.hidden, mine.end(tiles, id) * fused_mlp_unit_tile);
-    double busy_seconds = 0;
-    const float part_loss = fused_mlp_detail::step_part(a, id, team, u0, u1, busy_seconds);
-    if (id == 0) {
-      loss = part_loss;
-      clock.team = team;
+    {
+      // A smaller team than asked for (nested parallelism, dynamic adjustment) splits equally.
+      const int team = omp_get_num_threads(), id = omp_get_thread_num();
+      const thread_split mine = split.over(team);
+      const index_t u0 = std::min(a.hidden, mine.begin(tiles, id) * fused_mlp_unit_tile);
+      const index_t u1 = std::min(a.hidden, mine.end(tiles, id) * fused_mlp_unit_tile);
+      double busy_seconds = 0;
+      const float part_loss = fused_mlp_detail::step_part(a, id, team, u0, u1, busy_seconds);
+      if (id == 0) {
+        loss = part_loss;
+        clock.team = team;
+      }
+      if (id < thread_split::max_threads) clock.seconds[std::size_t(id)] = busy_seconds;
     }
-    if (id < thread_split::max_threads) clock.seconds[std::size_t(id)] = busy_seconds;
+    balance.record(split, tiles, clock);
+    return loss;
   }
-  balance.record(split, tiles, clock);
-#else
-  (void)balance;
-  loss = fused_mlp_detail::step_part(a, 0, 1, 0, a.hidden, busy);
 #endif
-  return loss;
+  (void)balance;  // one thread: nothing to balance
+  return fused_mlp_detail::step_part(a, 0, 1, 0, a.hidden, busy);
 }
 
 }  // namespace kiln::kernels::cpu

@@ -62,9 +62,7 @@ void parallel_row_slices(index_t rows, index_t min_rows, Body&& body) {
 #if defined(_OPENMP)
   // One balance per call site: Body is each caller's own lambda.
   static thread_balance balance;
-  thread_split split = balance.split(threads);
-  for (int id = 0; id < threads; ++id)
-    if (split.end(rows, id) - split.begin(rows, id) < min_rows) split = thread_split::equal(threads);
+  const thread_split split = balance.split(threads, rows, min_rows);
   run_clock clock;
 #pragma omp parallel num_threads(threads)
   {

@@ -147,6 +147,14 @@ class thread_balance {
     if (near_equal) return thread_split::equal(team);
     return from_shares(shares_.data(), team);
   }
+  // The same for `units` units of which every thread must get at least min_units (a kernel that takes another path
+  // below them, or a part that must not be empty): an equal split where the kept shares would leave any thread fewer.
+  thread_split split(int team, index_t units, index_t min_units) const {
+    const thread_split balanced = split(team);
+    for (int id = 0; id < team; ++id)
+      if (balanced.end(units, id) - balanced.begin(units, id) < min_units) return thread_split::equal(team);
+    return balanced;
+  }
 
   // Records a run of `units` units split by `used` whose threads finished at `clock.seconds`: each thread's speed is
   // the work it did over its time, and the shares move toward those speeds' proportions. A run where some thread had
