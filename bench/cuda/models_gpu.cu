@@ -1,15 +1,17 @@
-// The ladder's CNN and LSTM workloads on the GPU: a training step (forward, cross-entropy, backward, Adam) with the
-// batches resident on the device, in static mode on policy::cuda (kiln's convolution: im2col + cuBLAS, kiln's
-// pooling) and on policy::cudnn (cuDNN's convolution and pooling), and in dynamic mode on policy::cuda (this file
-// builds dynamic mode for the GPU). The peer is bench/peers/torch_gpu_models.py.
+// The ladder's CNN and LSTM workloads on the GPU, and the LSTM's GRU twin: a training step (forward, cross-entropy,
+// backward, Adam) with the batches resident on the device, in static mode on policy::cuda (kiln's convolution:
+// im2col + cuBLAS, kiln's pooling, kiln's recurrent steps) and on policy::cudnn (cuDNN's convolution, pooling and
+// RNN), and in dynamic mode on policy::cuda (this file builds dynamic mode for the GPU). The peer is
+// bench/peers/torch_gpu_models.py.
 //   mnist_cnn  Conv 32 3x3 - ReLU - Conv 64 3x3 - ReLU - MaxPool 2 - Flatten - Dense 128 ReLU - Dense 10, batch 64
 //   lstm       each 28 x 28 image read as 28 rows by LSTM(128), its final hidden state into Dense 10, batch 64
+//   gru        the same with GRU(128)
 // Inputs are random (uniform in [-1, 1), fixed seed), 8 batches uploaded once and cycled. Every model starts from the
 // same weights (seed 1; dynamic after manual_seed(1)); before any time is reported, each one's first 10 losses are
 // checked against static policy::cuda's (1e-3 relative: cuDNN sums in another order). Each figure is the median of 5
 // repetitions of `steps` steps (µs per step, the loss read on the host every step, as PyTorch's loss.item()).
 //
-//   models_gpu [--workload mnist_cnn|lstm|all] [--steps 50]
+//   models_gpu [--workload mnist_cnn|lstm|gru|all] [--steps 50]
 #define KILN_DYNAMIC_POLICY ::kiln::policy::cuda
 #include "kiln/policy_cuda.cuh"
 // policy_cuda.cuh first: the dynamic headers name the policy.
@@ -46,6 +48,10 @@ template <class P>
 struct lstm_model {
   using type = Sequential<P, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
 };
+template <class P>
+struct gru_model {
+  using type = Sequential<P, Input<28, 28>, FinalState<GRU<128>>, Dense<10>>;
+};
 nn::Sequential dynamic_cnn() {
   manual_seed(1);
   return nn::Sequential(nn::Conv2d(1, 32, 3), nn::ReLU(), nn::Conv2d(32, 64, 3), nn::ReLU(), nn::MaxPool2d(2),
@@ -54,6 +60,10 @@ nn::Sequential dynamic_cnn() {
 nn::Sequential dynamic_lstm() {
   manual_seed(1);
   return nn::Sequential(nn::FinalState(nn::LSTM(28, 128, {.batch_first = true})), nn::Linear(128, 10));
+}
+nn::Sequential dynamic_gru() {
+  manual_seed(1);
+  return nn::Sequential(nn::FinalState(nn::GRU(28, 128, {.batch_first = true})), nn::Linear(128, 10));
 }
 
 // The batches, on the host (labels, which dynamic mode's cross_entropy takes from there) and on the device.
@@ -191,6 +201,18 @@ int main(int argc, char** argv) try {
                         dynamic_system("dynamic_cuda", dynamic_lstm(), data)},
                        steps);
   }
+  if (workload == "all" || workload == "gru") {
+    const auto data = make_batches(shape{28, 28});
+    ok &= run_workload("gru",
+                       {static_system<gru_model, policy::cuda>("static_cuda", data),
+                        static_system<gru_model, policy::cudnn>("static_cudnn", data),
+                        dynamic_system("dynamic_cuda", dynamic_gru(), data)},
+                       steps);
+  }
+  // Evidence that policy::cudnn's recurrent steps ran through cuDNN's RNN, not kiln's step loop.
+  const auto rnn_calls = policy::cudnn::rnn_sequence_calls();
+  std::printf("cuDNN RNN passes run by static_cudnn: %llu forward, %llu backward\n",
+              static_cast<unsigned long long>(rnn_calls.forward), static_cast<unsigned long long>(rnn_calls.backward));
   if (!ok) {
     std::fprintf(stderr, "models_gpu: the systems disagree; no times reported\n");
     return 1;

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """PyTorch on the GPU: the peer of bench/cuda/models_gpu.cu.
 
-The ladder's CNN and LSTM workloads as a PyTorch training loop on the GPU (forward, cross-entropy, backward, Adam
+The ladder's CNN and LSTM workloads, and the LSTM's GRU twin, as a PyTorch training loop on the GPU (forward, cross-entropy, backward, Adam
 lr 1e-3, loss.item() every step), batch 64, FP32 without TF32, 8 random batches (uniform in [-1, 1)) resident on the
 device and cycled, as models_gpu does. Each figure is the median of 5 repetitions of --steps steps, after 10 warm-up
 steps (cuDNN's algorithm choice, the caching allocator).
   mnist_cnn  Conv2d(1, 32, 3) - ReLU - Conv2d(32, 64, 3) - ReLU - MaxPool2d(2) - Flatten - Linear(9216, 128) - ReLU -
              Linear(128, 10)
   lstm       LSTM(28, 128, batch_first) over 28 x 28 images, the last step's hidden state into Linear(128, 10)
+  gru        the same with GRU(28, 128, batch_first)
 
-  torch_gpu_models.py [--workload mnist_cnn|lstm|all] [--steps 50]
+  torch_gpu_models.py [--workload mnist_cnn|lstm|gru|all] [--steps 50]
 Prints SKIPPED and exits 0 when torch or CUDA is missing.
 """
 import argparse
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument("--workload", default="all", choices=["all", "mnist_cnn", "lstm"])
+p.add_argument("--workload", default="all", choices=["all", "mnist_cnn", "lstm", "gru"])
 p.add_argument("--steps", type=int, default=50)
 args = p.parse_args()
 
@@ -33,13 +34,13 @@ BATCH, BATCHES, REPS = 64, 8, 5
 
 
 class LastStep(nn.Module):
-    def __init__(self):
+    def __init__(self, cell):
         super().__init__()
-        self.lstm = nn.LSTM(28, 128, batch_first=True)
+        self.rnn = cell(28, 128, batch_first=True)
         self.head = nn.Linear(128, 10)
 
     def forward(self, x):
-        out, _ = self.lstm(x)
+        out, _ = self.rnn(x)
         return self.head(out[:, -1])
 
 
@@ -47,7 +48,7 @@ def build(workload):
     if workload == "mnist_cnn":
         return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Linear(128, 10)), (1, 28, 28)
-    return LastStep(), (28, 28)
+    return LastStep(nn.LSTM if workload == "lstm" else nn.GRU), (28, 28)
 
 
 def run(workload):
@@ -82,5 +83,5 @@ def run(workload):
 
 
 print("torch_gpu_models on %s, PyTorch %s" % (torch.cuda.get_device_name(0), torch.__version__), flush=True)
-for w in (["mnist_cnn", "lstm"] if args.workload == "all" else [args.workload]):
+for w in (["mnist_cnn", "lstm", "gru"] if args.workload == "all" else [args.workload]):
     run(w)

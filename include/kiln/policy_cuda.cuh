@@ -97,8 +97,9 @@ struct cuda_tf32 : cuda, cuda_gemm<kernels::cuda::gemm_math::tf32> {
   using cuda_gemm<kernels::cuda::gemm_math::tf32>::gemm_strided_batched;
 };
 
-// policy::cuda with cuDNN where cuDNN has the op: convolution, pooling, batch norm, softmax. Where kiln has its own
-// CUDA kernel too, the two policies let a user compare them.
+// policy::cuda with cuDNN where cuDNN has the op: convolution, pooling, batch norm, softmax, and whole sequences of
+// the stacked LSTM / GRU (cuDNN's RNN in place of kiln's step loop). Where kiln has its own CUDA kernel too, the two
+// policies let a user compare them.
 struct cudnn : cuda, kernels::cudnn::cudnn_kernels {
   static constexpr const char* name = "cudnn";
 

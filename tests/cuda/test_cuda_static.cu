@@ -1,6 +1,7 @@
 // Static mode on the GPU policies: the same small models (an MLP, a CNN with Conv2D, BatchNorm, MaxPool and Dropout,
-// an LSTM) trained from the same seed on policy::cpu and on policy::cuda / policy::cudnn must give the same losses,
-// predictions and state_dicts, within the tolerances stated next to each check.
+// an LSTM, a two-layer bidirectional GRU) trained from the same seed on policy::cpu and on policy::cuda /
+// policy::cudnn must give the same losses, predictions and state_dicts, within the tolerances stated next to each
+// check.
 //
 // Why tolerances at all: the GPU sums in another order (cuBLAS splits K across threads, reductions go by blocks) so
 // every FP32 result may differ from the CPU's in its last bits (relative 1e-7 per operation, ~1e-6 after a long dot
@@ -47,6 +48,10 @@ struct cnn_model {
 template <class P>
 struct lstm_model {
   using type = Sequential<P, Input<6, 5>, FinalState<LSTM<8>>, Dense<10>>;
+};
+template <class P>
+struct gru_model {
+  using type = Sequential<P, Input<6, 5>, FinalState<GRU<8, 2, true>>, Dense<10>>;
 };
 
 constexpr index_t batch = training_batch;
@@ -107,6 +112,11 @@ TEST_CASE_TEMPLATE("static CNN (Conv2D, BatchNorm, MaxPool, Dropout, Dense) trai
 
 TEST_CASE_TEMPLATE("static LSTM trains as on the CPU", GPU, policy::cuda, policy::cudnn) {
   check_against_cpu<lstm_model, GPU>(shape{6, 5}, 1e-3, "LSTM");
+}
+
+// policy::cudnn runs both through cuDNN's RNN (kernels/cudnn/rnn.cuh), policy::cuda through kiln's steps.
+TEST_CASE_TEMPLATE("static GRU (two layers, bidirectional) trains as on the CPU", GPU, policy::cuda, policy::cudnn) {
+  check_against_cpu<gru_model, GPU>(shape{6, 5}, 1e-3, "GRU");
 }
 
 TEST_CASE("batches resident on the device train exactly as staged host batches") {

@@ -16,6 +16,10 @@
 // backward runs the steps in reverse (one GEMM per step for dL/dh_{t-1}) and then forms the parameter gradients and
 // dL/dx with GEMMs over all steps: for an LSTM one for all its parameters (lstm_parameter_gradients), for a GRU one
 // per weight and a column sum per bias.
+//
+// A policy with sequence kernels (policy::cudnn: cuDNN's RNN, kernels/cudnn/rnn.cuh) may instead run the whole stack
+// in one call each way; the step loop runs when it declines. It reads and writes the same time-major buffers of the
+// plan (the input copy, the last layer's output), so what a layer does around rnn_forward / rnn_backward is the same.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +32,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/init.hpp"
 #include "kiln/core/static_shape.hpp"
+#include "kiln/kernels/rnn_sequence.hpp"
 #include "kiln/layers/layer_context.hpp"
 #include "kiln/layers/parameter_info.hpp"
 
@@ -223,6 +228,20 @@ void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
     body(index_t{0}, batch);
 }
 
+// The stack as a policy's sequence kernels see it.
+template <class Cell>
+kernels::rnn_sequence rnn_sequence_of(const rnn_dims& d, index_t seq, index_t batch, bool training) {
+  return {.kind = Cell::has_cell_state ? kernels::rnn_sequence::cell::lstm : kernels::rnn_sequence::cell::gru,
+          .input_size = d.input_size,
+          .hidden_size = d.hidden_size,
+          .num_layers = d.num_layers,
+          .bias = d.bias,
+          .bidirectional = d.bidirectional,
+          .seq = seq,
+          .batch = batch,
+          .draws_dropout = training && d.has_dropout(0)};
+}
+
 namespace detail {
 // The rows of time step t in a time-major (seq, batch, width) array.
 template <class T>
@@ -246,8 +265,17 @@ void rnn_forward(const rnn_dims& d, index_t seq, index_t batch, const T* params,
     Policy::swap_leading(x, plan.input_copy(saved), batch, seq, d.input_size);
     in = plan.input_copy(saved);
   }
+  // The whole stack in one call where the policy can (the last layer's output lands where the steps would put it).
+  bool ran_whole = false;
+  if constexpr (requires {
+                  Policy::rnn_sequence_forward(kernels::rnn_sequence{}, params, in, h0, c0, output, h_n, c_n,
+                                               static_cast<const void*>(saved));
+                })
+    ran_whole = Policy::rnn_sequence_forward(rnn_sequence_of<Cell>(d, seq, batch, training), params, in, h0, c0,
+                                             plan.output(saved, d.num_layers - 1), h_n, c_n,
+                                             static_cast<const void*>(saved));
   T* gh_temp = temp;  // GRU: h W_hh^T + b_hh of one step
-  for (index_t l = 0; l < d.num_layers; ++l) {
+  for (index_t l = 0; !ran_whole && l < d.num_layers; ++l) {
     const index_t I = d.layer_input(l);
     T* Y = plan.output(saved, l);
     for (index_t dir = 0; dir < D; ++dir) {
@@ -331,6 +359,16 @@ void lstm_parameter_gradients(const rnn_plan<Cell>& plan, index_t I, index_t dir
   }
 }
 
+// Copies what a forward saved for its backward (plan.saved_size elements at `from`) to `to`, so that a backward can
+// run from the copy while the original stays for another (dynamic mode's retain_graph): with a policy's sequence
+// kernels, the library's own saved state goes with it.
+template <class Cell, class Policy, class T>
+void rnn_copy_saved(const rnn_plan<Cell>& plan, const T* from, T* to) {
+  Policy::copy(from, to, plan.saved_size);
+  if constexpr (requires { Policy::rnn_sequence_copy_saved(static_cast<const void*>(from), static_cast<void*>(to)); })
+    Policy::rnn_sequence_copy_saved(static_cast<const void*>(from), static_cast<void*>(to));
+}
+
 // Backpropagation through time. dout (the output's layout), dh_n, dc_n: gradients of the forward's results, each may
 // be null (zero). Writes dx (the input's layout), dh0, dc0 when not null, and ADDS the parameter gradients into
 // dparams. Overwrites the saved gates with their gradients, so it runs once per forward. training must be the
@@ -357,7 +395,17 @@ void rnn_backward(const rnn_dims& d, index_t seq, index_t batch, const T* params
     Policy::fill(dy_cur, T(0), R * W);
   }
   const T* x_tm = d.batch_first ? plan.input_copy(saved) : x;
-  for (index_t l = d.num_layers - 1; l >= 0; --l) {
+  // The whole stack in one call where the policy ran the forward that way (it declines in the same cases).
+  bool ran_whole = false;
+  if constexpr (requires {
+                  Policy::rnn_sequence_backward(kernels::rnn_sequence{}, params, x_tm, h0, c0, x_tm, dy_cur, dh_n,
+                                                dc_n, dx, dh0, dc0, dparams, static_cast<const void*>(saved));
+                })
+    ran_whole = Policy::rnn_sequence_backward(rnn_sequence_of<Cell>(d, seq, batch, training), params, x_tm, h0, c0,
+                                              static_cast<const T*>(plan.output(saved, d.num_layers - 1)), dy_cur,
+                                              dh_n, dc_n, dx ? (d.batch_first ? dx_copy : dx) : nullptr, dh0, dc0,
+                                              dparams, static_cast<const void*>(saved));
+  for (index_t l = d.num_layers - 1; !ran_whole && l >= 0; --l) {
     const index_t I = d.layer_input(l);
     const T* in = l == 0 ? x_tm : (training && d.has_dropout(l - 1) ? plan.dropped(saved, l - 1)
                                                                     : plan.output(saved, l - 1));
@@ -504,9 +552,8 @@ struct recurrent_layer {
                                   static_cast<const T*>(nullptr), static_cast<T*>(nullptr), select,
                                   static_cast<T*>(nullptr), saved, temp, ctx.training, ctx.rng);
         for (index_t dir = 0; dir < dims.directions(); ++dir)
-          for (index_t b = 0; b < B; ++b)
-            Policy::copy(select + (((Layers - 1) * dims.directions() + dir) * B + b) * Hidden,
-                         y + b * width + dir * Hidden, Hidden);
+          Policy::copy_rows(B, Hidden, select + ((Layers - 1) * dims.directions() + dir) * B * Hidden, Hidden,
+                            y + dir * Hidden, width);
       }
     }
     template <class Policy, class T>
@@ -524,14 +571,13 @@ struct recurrent_layer {
         dout = dy;
       } else if constexpr (Output == rnn_output::last_step) {
         Policy::fill(select, T(0), B * seq * width);
-        for (index_t b = 0; b < B; ++b) Policy::copy(dy + b * width, select + (b * seq + seq - 1) * width, width);
+        Policy::copy_rows(B, width, dy, width, select + (seq - 1) * width, seq * width);
         dout = select;
       } else {
         Policy::fill(select, T(0), Layers * dims.directions() * B * Hidden);
         for (index_t dir = 0; dir < dims.directions(); ++dir)
-          for (index_t b = 0; b < B; ++b)
-            Policy::copy(dy + b * width + dir * Hidden,
-                         select + (((Layers - 1) * dims.directions() + dir) * B + b) * Hidden, Hidden);
+          Policy::copy_rows(B, Hidden, dy + dir * Hidden, width,
+                            select + ((Layers - 1) * dims.directions() + dir) * B * Hidden, Hidden);
         dh_n = select;
       }
       rnn_backward<Cell, Policy>(dims, seq, B, params, x, static_cast<const T*>(nullptr),

@@ -73,7 +73,7 @@ void rnn_backward_entry(const tape_entry<T>& e) {
   const bool keep_saved = tape<T>::instance().retaining_graph();
   scratch_buffer<T> saved_copy(keep_saved ? plan.saved_size : 0);
   if (keep_saved) {
-    P::copy(saved, saved_copy.data(), plan.saved_size);
+    rnn_copy_saved<Cell, P>(plan, static_cast<const T*>(saved), saved_copy.data());
     saved = saved_copy.data();
   }
   const T* g = packed->grad;
@@ -99,24 +99,22 @@ void rnn_backward_entry(const tape_entry<T>& e) {
   if (dhx.data && dhx.accumulate) P::accumulate(dhx_scratch.data(), dhx.data, hx->shape.numel());
 }
 
-// Calls body(source offset, destination offset, count) for every run of elements `what` copies out of packed.
+// Calls body(source offset, source row stride, destination offset, destination row stride, rows, columns) for every
+// block of elements `what` copies out of packed: one block, or one per direction for the final state.
 template <class Body>
 void for_each_rnn_block(const rnn_header& h, rnn_part what, Body&& body) {
   const index_t T = h.seq, B = h.batch, H = h.d.hidden_size, D = h.d.directions(), W = h.d.output_size();
   const index_t out_n = h.output_count(), state_n = h.state_count();
   switch (what) {
-    case rnn_part::output: return body(index_t{0}, index_t{0}, out_n);
-    case rnn_part::h_n: return body(out_n, index_t{0}, state_n);
-    case rnn_part::c_n: return body(out_n + state_n, index_t{0}, state_n);
+    case rnn_part::output: return body(index_t{0}, out_n, index_t{0}, out_n, index_t{1}, out_n);
+    case rnn_part::h_n: return body(out_n, state_n, index_t{0}, state_n, index_t{1}, state_n);
+    case rnn_part::c_n: return body(out_n + state_n, state_n, index_t{0}, state_n, index_t{1}, state_n);
     case rnn_part::last_step:
-      if (h.d.batch_first)
-        for (index_t b = 0; b < B; ++b) body((b * T + T - 1) * W, b * W, W);
-      else
-        body((T - 1) * B * W, index_t{0}, B * W);
+      if (h.d.batch_first) body((T - 1) * W, T * W, index_t{0}, W, B, W);
+      else body((T - 1) * B * W, B * W, index_t{0}, B * W, index_t{1}, B * W);
       return;
     case rnn_part::final_state:
-      for (index_t dir = 0; dir < D; ++dir)
-        for (index_t b = 0; b < B; ++b) body(out_n + (((h.d.num_layers - 1) * D + dir) * B + b) * H, b * W + dir * H, H);
+      for (index_t dir = 0; dir < D; ++dir) body(out_n + ((h.d.num_layers - 1) * D + dir) * B * H, H, dir * H, W, B, H);
       return;
   }
 }
@@ -140,9 +138,11 @@ void rnn_select_backward(const tape_entry<T>& e) {
   if (!g) return;
   const rnn_header h = rnn_header::read(packed->value + packed->shape.numel());
   const T* dy = e.out->grad;
-  for_each_rnn_block(h, static_cast<rnn_part>(e.aux), [&](index_t src, index_t dst, index_t n) {
-    dynamic_policy::accumulate(dy + dst, g + src, n);
-  });
+  for_each_rnn_block(h, static_cast<rnn_part>(e.aux),
+                     [&](index_t src, index_t ld_src, index_t dst, index_t ld_dst, index_t rows, index_t cols) {
+                       if (rows == 1) dynamic_policy::accumulate(dy + dst, g + src, cols);
+                       else dynamic_policy::accumulate_rows(rows, cols, dy + dst, ld_dst, g + src, ld_src);
+                     });
 }
 
 template <class T>
@@ -228,9 +228,11 @@ basic_variable<T> rnn_select(const basic_variable<T>& packed, rnn_part what) {
   bool record = detail::should_record<T>({pn});
   auto y = detail::make_output<T>(detail::rnn_part_shape(h, what), record);
   T* dst = y.data();
-  detail::for_each_rnn_block(h, what, [&](index_t src, index_t to, index_t n) {
-    dynamic_policy::copy(pn->value + src, dst + to, n);
-  });
+  detail::for_each_rnn_block(h, what,
+                             [&](index_t src, index_t ld_src, index_t to, index_t ld_to, index_t rows, index_t cols) {
+                               if (rows == 1) dynamic_policy::copy(pn->value + src, dst + to, cols);
+                               else dynamic_policy::copy_rows(rows, cols, pn->value + src, ld_src, dst + to, ld_to);
+                             });
   if (record)
     detail::tape<T>::instance().record(&detail::rnn_select_backward<T>, y.node(), pn, nullptr, nullptr, T(0),
                                        static_cast<int>(what));

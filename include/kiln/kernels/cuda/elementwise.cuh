@@ -132,6 +132,18 @@ __global__ void add_row_bias_kernel(T* x, const T* bias, index_t rows, index_t c
   }
 }
 
+// The 2-D kernels over a strided rows x cols block (row strides ld_x, ld_y), laid out as add_row_bias_kernel.
+template <class T>
+__global__ void fill_rows_kernel(index_t rows, index_t cols, T value, T* y, index_t ld_y) {
+  for (index_t c = index_t(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += index_t(gridDim.x) * blockDim.x)
+    for (index_t r = blockIdx.y; r < rows; r += gridDim.y) y[r * ld_y + c] = value;
+}
+template <class T>
+__global__ void accumulate_rows_kernel(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
+  for (index_t c = index_t(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += index_t(gridDim.x) * blockDim.x)
+    for (index_t r = blockIdx.y; r < rows; r += gridDim.y) y[r * ld_y + c] += x[r * ld_x + c];
+}
+
 }  // namespace detail
 
 // The element-wise kernels of the CUDA policies.
@@ -200,6 +212,32 @@ struct elementwise_kernels {
     if (n <= 0 || x == y) return;
     KILN_CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<std::size_t>(n) * sizeof(T), cudaMemcpyDeviceToDevice,
                                     kiln::cuda::current_stream()));
+  }
+  // The 2-D kernels of the CPU policies, over a strided block (rows x cols; row strides ld_x, ld_y), one launch
+  // each: a recurrent layer's final state into its (batch, directions * H) output, and the LSTM's stacked
+  // parameter-gradient operand (layers/recurrent.hpp), instead of one launch per sample or per step.
+  template <class T>
+  static void copy_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
+    if (rows <= 0 || cols <= 0) return;
+    KILN_CUDA_CHECK(cudaMemcpy2DAsync(y, static_cast<std::size_t>(ld_y) * sizeof(T), x,
+                                      static_cast<std::size_t>(ld_x) * sizeof(T),
+                                      static_cast<std::size_t>(cols) * sizeof(T), static_cast<std::size_t>(rows),
+                                      cudaMemcpyDeviceToDevice, kiln::cuda::current_stream()));
+  }
+  template <class T>
+  static void fill_rows(index_t rows, index_t cols, T value, T* y, index_t ld_y) {
+    if (rows <= 0 || cols <= 0) return;
+    detail::fill_rows_kernel<<<detail::matrix_grid(rows, cols), detail::block_threads, 0,
+                               kiln::cuda::current_stream()>>>(rows, cols, value, y, ld_y);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+  // y's block += x's block.
+  template <class T>
+  static void accumulate_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
+    if (rows <= 0 || cols <= 0) return;
+    detail::accumulate_rows_kernel<<<detail::matrix_grid(rows, cols), detail::block_threads, 0,
+                                     kiln::cuda::current_stream()>>>(rows, cols, x, ld_x, y, ld_y);
+    KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
   static void fill(T* y, T value, index_t n) {
