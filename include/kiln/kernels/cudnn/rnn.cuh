@@ -5,12 +5,13 @@
 // What makes the two interchangeable:
 // - Parameters. cuDNN holds each gate's matrix and bias (two biases: CUDNN_RNN_DOUBLE_BIAS) as kiln does, row-major,
 //   with the gates in PyTorch's order (i, f, g, o for the LSTM; r, z, n for the GRU), but it places them in its weight
-//   space by its own rule. A plan asks cuDNN where each one lies (cudnnGetRNNWeightParams) and keeps the map from
-//   kiln's flat layout (per layer and direction W_ih, W_hh, b_ih, b_hh) as a few contiguous pieces. Where the map is
-//   the identity (one layer) and the buffers are aligned as a fresh allocation is (256 bytes), the model's own
-//   parameters are cuDNN's weight space and its gradient buffer cuDNN's weight gradient, which cuDNN adds to, as
-//   kiln's backward does. Otherwise the pieces are copied into cuDNN's layout before each call, and the gradient
-//   computed in cuDNN's layout is added back piece by piece (stacks of several layers).
+//   space by its own rule, which may depend on the space's address. For each weight space it is handed, a plan asks
+//   cuDNN where each one lies (cudnnGetRNNWeightParams) and keeps the map from kiln's flat layout (per layer and
+//   direction W_ih, W_hh, b_ih, b_hh) as a few contiguous pieces. Where the map at the model's own parameters is the
+//   identity and they are aligned as a fresh allocation is (256 bytes), they are cuDNN's weight space; likewise the
+//   gradient buffer is cuDNN's weight gradient, which cuDNN adds to, as kiln's backward does. Otherwise the pieces are
+//   copied into a weight space of the plan's before each call, and the gradient computed into another is added back
+//   piece by piece.
 // - Data. Sequences are time-major, (seq, batch, features), every sample the full length (SEQ_MAJOR_UNPACKED, as
 //   PyTorch passes an unpacked batch); states are (layers * directions, batch, hidden). Null states are zeros, null
 //   results are not written, as in kiln's rnn_forward.
@@ -72,24 +73,26 @@ struct rnn_weight_piece {
 // Everything cuDNN needs to run one stack shape. usable is false when cuDNN cannot run it kiln's way.
 struct rnn_plan {
   bool usable = false;
-  std::vector<rnn_weight_piece> pieces;  // kiln's parameters in cuDNN's weight space, in kiln's order
-  bool same_layout = false;              // one piece: cuDNN's weight space is kiln's flat array
+  // kiln's parameters in a weight space starting at the key, in kiln's order (empty: cuDNN named a place outside it)
+  std::map<const void*, std::vector<rnn_weight_piece>> pieces_at;
   rnn_descriptor rnn;
   dropout_descriptor no_dropout;
   rnn_data_descriptor x, y;
   tensor_descriptor h;
   kiln::cuda::device_buffer<std::int32_t> seq_lengths;  // every sample's length (seq), on the device
   std::size_t weight_bytes = 0, work_bytes = 0, reserve_bytes = 0;
-  // Aligned copies of the parameters and their gradient, for parameters that are not aligned (made when first needed)
+  // Weight spaces of the plan's own, for parameters and gradients that cannot be cuDNN's in place (the weights' zeroed
+  // when made, so that any gap in cuDNN's layout holds zeros; the gradients' before each backward)
   kiln::cuda::device_buffer<unsigned char> weight_copy, gradient_copy;
 };
 
-// Where cuDNN keeps each of kiln's gate matrices and biases, as contiguous pieces in kiln's order; false when cuDNN
-// names a place outside its weight space or between elements.
+// Where cuDNN keeps each of kiln's gate matrices and biases in a weight space starting at `base`, as contiguous pieces
+// in kiln's order; empty when cuDNN names a place outside the space or between elements. Asked once per base.
 template <class T>
-bool map_rnn_weights(const rnn_sequence& s, rnn_plan& plan) {
+const std::vector<rnn_weight_piece>& rnn_pieces_at(const rnn_sequence& s, rnn_plan& plan, const void* base) {
+  auto [at, added] = plan.pieces_at.try_emplace(base);
+  if (!added) return at->second;
   const index_t space = static_cast<index_t>(plan.weight_bytes / sizeof(T));
-  kiln::cuda::device_buffer<unsigned char> probe(static_cast<index_t>(plan.weight_bytes));
   tensor_descriptor matrix, bias;
   const index_t H = s.hidden_size, G = s.gates();
   std::vector<rnn_weight_piece> pieces;
@@ -99,7 +102,8 @@ bool map_rnn_weights(const rnn_sequence& s, rnn_plan& plan) {
       ok = false;
       return;
     }
-    const std::ptrdiff_t bytes = static_cast<const unsigned char*>(cudnn_address) - probe.data();
+    const std::ptrdiff_t bytes =
+        static_cast<const unsigned char*>(cudnn_address) - static_cast<const unsigned char*>(base);
     if (bytes < 0 || bytes % std::ptrdiff_t(sizeof(T)) != 0 || bytes / std::ptrdiff_t(sizeof(T)) + count > space) {
       ok = false;
       return;
@@ -121,8 +125,8 @@ bool map_rnn_weights(const rnn_sequence& s, rnn_plan& plan) {
       void* bias_at[8] = {};
       for (index_t id = 0; id < 2 * G; ++id)
         KILN_CUDNN_CHECK(cudnnGetRNNWeightParams(kiln::cuda::cudnn_handle(), plan.rnn, int(l * s.directions() + dir),
-                                                 plan.weight_bytes, probe.data(), int(id), matrix, &matrix_at[id],
-                                                 bias, &bias_at[id]));
+                                                 plan.weight_bytes, base, int(id), matrix, &matrix_at[id], bias,
+                                                 &bias_at[id]));
       for (index_t id = 0; id < 2 * G; ++id)
         add(id < G ? block + id * H * I : block + G * H * I + (id - G) * H * H, matrix_at[id], id < G ? H * I : H * H);
       if (s.bias)
@@ -130,10 +134,16 @@ bool map_rnn_weights(const rnn_sequence& s, rnn_plan& plan) {
       block += G * H * (I + H + (s.bias ? 2 : 0));
     }
   }
-  if (!ok || block != s.parameter_count()) return false;
-  plan.same_layout = pieces.size() == 1 && pieces[0].cudnn_at == 0 && space == s.parameter_count();
-  plan.pieces = std::move(pieces);
-  return true;
+  if (ok && block == s.parameter_count()) at->second = std::move(pieces);
+  return at->second;
+}
+
+// Whether a weight space at `base` holds kiln's flat array as it is: one piece from its start, nothing after.
+template <class T>
+bool rnn_same_layout_at(const rnn_sequence& s, rnn_plan& plan, const void* base) {
+  const auto& pieces = rnn_pieces_at<T>(s, plan, base);
+  return pieces.size() == 1 && pieces[0].cudnn_at == 0 &&
+         plan.weight_bytes == static_cast<std::size_t>(s.parameter_count()) * sizeof(T);
 }
 
 template <class T>
@@ -167,7 +177,13 @@ void build_rnn_plan(rnn_plan& plan, const rnn_sequence& s) {
   plan.seq_lengths = kiln::cuda::device_buffer<std::int32_t>(s.batch);
   std::vector<std::int32_t> device_lengths(lengths.begin(), lengths.end());
   kiln::cuda::copy_to_device(device_lengths.data(), plan.seq_lengths.data(), s.batch);
-  plan.usable = map_rnn_weights<T>(s, plan);
+  // Usable when cuDNN can place every parameter in a weight space of its own size (a fresh allocation, like the
+  // plan's copies).
+  plan.weight_copy = kiln::cuda::device_buffer<unsigned char>(static_cast<index_t>(plan.weight_bytes));
+  KILN_CUDA_CHECK(cudaMemsetAsync(plan.weight_copy.data(), 0, plan.weight_bytes, kiln::cuda::current_stream()));
+  plan.gradient_copy = kiln::cuda::device_buffer<unsigned char>(static_cast<index_t>(plan.weight_bytes));
+  plan.usable = !rnn_pieces_at<T>(s, plan, plan.weight_copy.data()).empty() &&
+                !rnn_pieces_at<T>(s, plan, plan.gradient_copy.data()).empty();
 }
 
 // The plan of a stack shape for T, made on first use and cached for the process's life.
@@ -207,22 +223,13 @@ inline void* rnn_reserve(const void* saved, std::size_t bytes, bool forward) {
   return buffer.data();
 }
 
-// A plan's buffer of cuDNN's weight-space size (zeroed when made, so that any gap in cuDNN's layout holds zeros).
-inline void* rnn_weight_space(kiln::cuda::device_buffer<unsigned char>& buffer, std::size_t bytes) {
-  if (buffer.bytes() < bytes) {
-    buffer = kiln::cuda::device_buffer<unsigned char>(static_cast<index_t>(bytes));
-    KILN_CUDA_CHECK(cudaMemsetAsync(buffer.data(), 0, bytes, kiln::cuda::current_stream()));
-  }
-  return buffer.data();
-}
-
-// The parameters as cuDNN reads them: the model's own where they are cuDNN's layout and aligned, else a copy of them
-// in cuDNN's layout.
+// The parameters as cuDNN reads them: the model's own where they are cuDNN's layout in place and aligned, else the
+// plan's copy of them in cuDNN's layout.
 template <class T>
-const void* rnn_weights_for(rnn_plan& plan, const T* params) {
-  if (plan.same_layout && rnn_weight_aligned(params)) return params;
-  T* space = static_cast<T*>(rnn_weight_space(plan.weight_copy, plan.weight_bytes));
-  for (const rnn_weight_piece& p : plan.pieces)
+const void* rnn_weights_for(const rnn_sequence& s, rnn_plan& plan, const T* params) {
+  if (rnn_weight_aligned(params) && rnn_same_layout_at<T>(s, plan, params)) return params;
+  T* space = reinterpret_cast<T*>(plan.weight_copy.data());
+  for (const rnn_weight_piece& p : rnn_pieces_at<T>(s, plan, space))
     KILN_CUDA_CHECK(cudaMemcpyAsync(space + p.cudnn_at, params + p.kiln_at,
                                     static_cast<std::size_t>(p.count) * sizeof(T), cudaMemcpyDeviceToDevice,
                                     kiln::cuda::current_stream()));
@@ -251,7 +258,7 @@ struct rnn_kernels {
     KILN_CUDNN_CHECK(cudnnRNNForward(kiln::cuda::cudnn_handle(), plan.rnn, CUDNN_FWD_MODE_TRAINING,
                                      plan.seq_lengths.data(), plan.x, x, plan.y, y, plan.h, h0, h_n, plan.h,
                                      lstm ? c0 : nullptr, lstm ? c_n : nullptr, plan.weight_bytes,
-                                     detail::rnn_weights_for(plan, params), plan.work_bytes,
+                                     detail::rnn_weights_for(s, plan, params), plan.work_bytes,
                                      detail::workspace(plan.work_bytes), plan.reserve_bytes,
                                      detail::rnn_reserve(saved, plan.reserve_bytes, true)));
     ++detail::rnn_counts().forward;
@@ -271,7 +278,7 @@ struct rnn_kernels {
     const bool lstm = s.kind == rnn_sequence::cell::lstm;
     cudnnHandle_t handle = kiln::cuda::cudnn_handle();
     void* reserve = detail::rnn_reserve(saved, plan.reserve_bytes, false);
-    const void* weights = detail::rnn_weights_for(plan, params);
+    const void* weights = detail::rnn_weights_for(s, plan, params);
     // cuDNN always writes dx: without a caller's buffer it goes to the workspace, after cuDNN's own part.
     const std::size_t work_bytes = detail::round_up_to_alignment(plan.work_bytes);
     const std::size_t dx_bytes = dx ? 0 : static_cast<std::size_t>(s.seq * s.batch * s.input_size) * sizeof(T);
@@ -283,17 +290,14 @@ struct rnn_kernels {
                                              plan.reserve_bytes, reserve));
     // cuDNN adds the weight gradients (CUDNN_WGRAD_MODE_ADD): into the caller's buffer where it is cuDNN's layout and
     // aligned, else into a zeroed buffer in cuDNN's layout whose pieces are then added to the caller's.
-    const bool direct = plan.same_layout && detail::rnn_weight_aligned(dparams);
-    void* gradient = dparams;
-    if (!direct) {
-      gradient = detail::rnn_weight_space(plan.gradient_copy, plan.weight_bytes);
-      KILN_CUDA_CHECK(cudaMemsetAsync(gradient, 0, plan.weight_bytes, kiln::cuda::current_stream()));
-    }
+    const bool direct = detail::rnn_weight_aligned(dparams) && detail::rnn_same_layout_at<T>(s, plan, dparams);
+    void* gradient = direct ? static_cast<void*>(dparams) : plan.gradient_copy.data();
+    if (!direct) KILN_CUDA_CHECK(cudaMemsetAsync(gradient, 0, plan.weight_bytes, kiln::cuda::current_stream()));
     KILN_CUDNN_CHECK(cudnnRNNBackwardWeights_v8(handle, plan.rnn, CUDNN_WGRAD_MODE_ADD, plan.seq_lengths.data(),
                                                 plan.x, x, plan.h, h0, plan.y, y, plan.weight_bytes, gradient,
                                                 plan.work_bytes, work, plan.reserve_bytes, reserve));
     if (!direct)
-      for (const detail::rnn_weight_piece& p : plan.pieces)
+      for (const detail::rnn_weight_piece& p : detail::rnn_pieces_at<T>(s, plan, gradient))
         kernels::cuda::elementwise_kernels::accumulate(static_cast<const T*>(gradient) + p.cudnn_at,
                                                        dparams + p.kiln_at, p.count);
     ++detail::rnn_counts().backward;
@@ -316,12 +320,18 @@ struct rnn_kernels {
 
   // How many forward and backward passes cuDNN has run in this process.
   static rnn_call_counts rnn_sequence_calls() { return detail::rnn_counts(); }
-  // How many contiguous pieces kiln's parameters make in cuDNN's weight space for this stack (1: the same layout), or
-  // 0 when cuDNN cannot run it kiln's way.
+  // How many contiguous pieces kiln's parameters make in a cuDNN weight space for this stack starting at `base` (1 and
+  // nothing after: the same layout), or 0 when cuDNN cannot run the stack kiln's way there.
   template <class T>
-  static index_t rnn_sequence_weight_pieces(const rnn_sequence& s) {
+  static index_t rnn_sequence_weight_pieces(const rnn_sequence& s, const void* base) {
+    detail::rnn_plan& plan = detail::rnn_plan_for<T>(s);
+    return plan.usable ? static_cast<index_t>(detail::rnn_pieces_at<T>(s, plan, base).size()) : 0;
+  }
+  // The size of that weight space in bytes (0 when cuDNN cannot run the stack).
+  template <class T>
+  static std::size_t rnn_sequence_weight_bytes(const rnn_sequence& s) {
     const detail::rnn_plan& plan = detail::rnn_plan_for<T>(s);
-    return plan.usable ? static_cast<index_t>(plan.pieces.size()) : 0;
+    return plan.usable ? plan.weight_bytes : 0;
   }
 };
 
