@@ -66,12 +66,13 @@ rnn_results<T> run_case(const rnn_case& c, const std::vector<T>& params, const s
   const rnn_dims& d = c.dims;
   const rnn_plan<Cell> plan(d, c.seq, c.batch);
   const index_t states = d.num_layers * d.directions() * c.batch * d.hidden_size;
-  std::vector<T> padded_params(static_cast<std::size_t>(params_offset), T(0));
-  padded_params.insert(padded_params.end(), params.begin(), params.end());
-  std::vector<T> padded_dparams(static_cast<std::size_t>(params_offset), T(0));
-  padded_dparams.insert(padded_dparams.end(), dparams_start.begin(), dparams_start.end());
-  auto g_params = to_device(padded_params);
-  auto g_dparams = to_device(padded_dparams);
+  auto padded = [&](const std::vector<T>& values) {  // params_offset zeros first
+    std::vector<T> out(static_cast<std::size_t>(params_offset), T(0));
+    out.insert(out.end(), values.begin(), values.end());
+    return out;
+  };
+  auto g_params = to_device(padded(params));
+  auto g_dparams = to_device(padded(dparams_start));
   auto g_x = to_device(x), g_h0 = to_device(h0), g_c0 = to_device(c0), g_dout = to_device(dout),
        g_dh_n = to_device(dh_n), g_dc_n = to_device(dc_n);
   kiln::cuda::device_buffer<T> saved(plan.saved_size), temp(plan.temp_size);

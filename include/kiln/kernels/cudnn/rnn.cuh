@@ -199,6 +199,15 @@ rnn_plan& rnn_plan_for(const rnn_sequence& s) {
   return it->second;
 }
 
+// The plan cuDNN runs the stack with, or null when kiln's steps must: one test for the forward and the backward, which
+// must decline in the same cases.
+template <class T>
+rnn_plan* rnn_plan_to_run(const rnn_sequence& s) {
+  if (s.draws_dropout) return nullptr;
+  rnn_plan& plan = rnn_plan_for<T>(s);
+  return plan.usable ? &plan : nullptr;
+}
+
 // Every forward's reserve space, by its saved pointer.
 struct rnn_reserves {
   std::mutex mutex;
@@ -209,17 +218,20 @@ inline rnn_reserves& reserves() {
   return *all;
 }
 
+// Makes buffer hold at least bytes (its contents are then undefined).
+inline void grow_reserve(kiln::cuda::device_buffer<unsigned char>& buffer, index_t bytes) {
+  if (buffer.size() < bytes) buffer = kiln::cuda::device_buffer<unsigned char>(bytes);
+}
+
 // The reserve space of the forward that wrote into `saved`: grown (forward) or looked up (backward).
 inline void* rnn_reserve(const void* saved, std::size_t bytes, bool forward) {
   if (bytes == 0) return nullptr;
   std::lock_guard lock(reserves().mutex);
   auto& buffer = reserves().by_saved[saved];
-  if (buffer.size() < static_cast<index_t>(bytes)) {
-    if (!forward)
-      fail("cuDNN RNN backward: expected the reserve space of a forward over the same saved activations (",
-           bytes, " bytes), found ", buffer.size(), " bytes; run the layer's forward before its backward");
-    buffer = kiln::cuda::device_buffer<unsigned char>(static_cast<index_t>(bytes));
-  }
+  if (!forward && buffer.size() < static_cast<index_t>(bytes))
+    fail("cuDNN RNN backward: expected the reserve space of a forward over the same saved activations (", bytes,
+         " bytes), found ", buffer.size(), " bytes; run the layer's forward before its backward");
+  grow_reserve(buffer, static_cast<index_t>(bytes));
   return buffer.data();
 }
 
@@ -251,9 +263,9 @@ struct rnn_kernels {
   template <class T>
   static bool rnn_sequence_forward(const rnn_sequence& s, const T* params, const T* x, const T* h0, const T* c0, T* y,
                                    T* h_n, T* c_n, const void* saved) {
-    if (s.draws_dropout) return false;
-    detail::rnn_plan& plan = detail::rnn_plan_for<T>(s);
-    if (!plan.usable) return false;
+    detail::rnn_plan* runs = detail::rnn_plan_to_run<T>(s);
+    if (!runs) return false;
+    detail::rnn_plan& plan = *runs;
     const bool lstm = s.kind == rnn_sequence::cell::lstm;
     KILN_CUDNN_CHECK(cudnnRNNForward(kiln::cuda::cudnn_handle(), plan.rnn, CUDNN_FWD_MODE_TRAINING,
                                      plan.seq_lengths.data(), plan.x, x, plan.y, y, plan.h, h0, h_n, plan.h,
@@ -272,9 +284,9 @@ struct rnn_kernels {
   static bool rnn_sequence_backward(const rnn_sequence& s, const T* params, const T* x, const T* h0, const T* c0,
                                     const T* y, const T* dy, const T* dh_n, const T* dc_n, T* dx, T* dh0, T* dc0,
                                     T* dparams, const void* saved) {
-    if (s.draws_dropout) return false;
-    detail::rnn_plan& plan = detail::rnn_plan_for<T>(s);
-    if (!plan.usable) return false;
+    detail::rnn_plan* runs = detail::rnn_plan_to_run<T>(s);
+    if (!runs) return false;
+    detail::rnn_plan& plan = *runs;
     const bool lstm = s.kind == rnn_sequence::cell::lstm;
     cudnnHandle_t handle = kiln::cuda::cudnn_handle();
     void* reserve = detail::rnn_reserve(saved, plan.reserve_bytes, false);
@@ -312,8 +324,7 @@ struct rnn_kernels {
     const auto source = all.find(from);
     if (source == all.end() || source->second.empty()) return;  // that forward ran kiln's steps
     auto& target = all[to];
-    if (target.size() < source->second.size())
-      target = kiln::cuda::device_buffer<unsigned char>(source->second.size());
+    detail::grow_reserve(target, source->second.size());
     KILN_CUDA_CHECK(cudaMemcpyAsync(target.data(), source->second.data(), source->second.bytes(),
                                     cudaMemcpyDeviceToDevice, kiln::cuda::current_stream()));
   }
