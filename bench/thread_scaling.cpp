@@ -19,21 +19,28 @@
 //   1 thread, pinned to each of the first N CPUs the process may use in turn (one mode per CPU); each round's
 //   one-thread figure is the faster CPU's, so that a core running slow for a while does not pass for scaling;
 //   N threads, the work split equally (set_thread_balancing(false));
-//   N threads, the work split by each thread's recent speed (thread_balance.hpp, the default).
+//   N threads, the work split by each thread's recent speed (thread_balance.hpp, the default);
+//   N independent copies at once: N models, each trained on one thread pinned to its own CPU, all N running their
+//   blocks at the same time. Its figure is each copy's step time divided by N (N steps done in that time), so that
+//   "1 thread / this" is the throughput N cores give to work that shares nothing: the ceiling that this machine puts
+//   on splitting one step, where the split's own costs (packing an operand on every thread, barriers, lines moving
+//   between cores) are not paid.
 // Each mode trains `--block` steps, then the next takes over, until each has trained its epochs or steps. Before any
-// time is reported, the bench checks that the three models' losses are the same bits at every step: the split of the
-// work must not change results. Every step's time is kept; a mode's figure is the median over its steps, and the ratio
+// time is reported, the bench checks that every mode's losses (and every independent copy's) are the same bits at every
+// step: the split of the work must not change results. Every step's time is kept; a mode's figure is the median over its steps, and the ratio
 // is also given as the median of the per-round ratios (a round: one block of each mode) and as the ratio of the
 // means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile) and prints each part's
 // median and 10th percentile over the steps, the modes side by side (the fastest tenth shows the parts when both
 // cores run at full speed).
 #include <algorithm>
 #include <array>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <pthread.h>
 #include <sched.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../examples/common.hpp"
@@ -69,6 +76,7 @@ struct mode {
   int threads;
   bool balanced;
   int cpu;  // the one CPU a one-thread mode is pinned to; -1: not pinned
+  bool independent = false;  // `threads` copies trained at once, one thread each
 };
 
 // The CPUs this process may run on, in order.
@@ -142,6 +150,13 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   const bool pinning = one_thread_modes > 1;  // one CPU to run on: nothing to choose, nothing to pin
   modes.push_back({multi + ", equal split", threads, false, -1});
   modes.push_back({multi + ", balanced split", threads, true, -1});
+  // Independent copies need a CPU each to be pinned to.
+  const int copies = int(std::min<std::size_t>(cpus.size(), std::size_t(threads)));
+  const std::size_t independent_mode = modes.size();
+  if (copies > 1)
+    modes.push_back({std::to_string(copies) + " independent copies at once, 1 thread each (step / " +
+                         std::to_string(copies) + ")",
+                     copies, false, -1, true});
 #if defined(_OPENMP)
   // The OpenMP team is made now, unpinned: a worker started while the opening thread was pinned would keep its CPU.
 #pragma omp parallel num_threads(threads)
@@ -154,15 +169,20 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   std::vector<std::unique_ptr<loader_type>> loaders;
   // --workload mnist_mlp_fused: each mode trains through a fused step (kiln::fused_mlp_trainer) instead.
   std::vector<std::unique_ptr<fused_trainer<Net>>> fused;
-  for (std::size_t m = 0; m < modes.size(); ++m) {
+  // One model per mode, and the independent mode's other copies after them: trainer i is nets[i], opts[i],
+  // fused[i] (when fused) and loaders[i].
+  const std::size_t trainers = modes.size() + (copies > 1 ? std::size_t(copies - 1) : 0);
+  for (std::size_t m = 0; m < trainers; ++m) {
     nets.push_back(std::make_unique<Net>(64, 1, static_options{.fuse_epilogues = true, .flat_parameters = true}));
     opts.emplace_back(optim::adam_options{.lr = 1e-3});
     if constexpr (detail::fused_mlp_layout<Net>::matches)
       if (s.fused) fused.push_back(std::make_unique<fused_trainer<Net>>(*nets.back(), opts.back().options()));
     data::loader_options<float> mine = order;
-    mine.threads = modes[m].threads;
+    mine.threads = m < modes.size() && !modes[m].independent ? modes[m].threads : 1;
     loaders.push_back(std::make_unique<loader_type>(train, mine));
   }
+  // The trainer that copy c of the independent mode uses.
+  const auto copy_trainer = [&](int c) { return c == 0 ? independent_mode : modes.size() + std::size_t(c - 1); };
   const std::size_t batches = static_cast<std::size_t>(loaders[0]->batches_per_epoch());
   std::printf("kiln thread_scaling: %s, 1 thread against %d, in turns of %lld steps, %s; %s\n", description, threads,
               block,
@@ -176,45 +196,85 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   std::vector<std::vector<std::vector<double>>> parts(modes.size());
   std::vector<std::string> layers;
   using clock = std::chrono::steady_clock;
+  // One step of trainer i on step `step`'s batch: its time in us and its loss; `profile` gets its parts.
+  const auto train_one = [&](std::size_t i, long long step, step_profile& profile) {
+    const std::size_t b = static_cast<std::size_t>(step) % batches;
+    tensor_view<const float> x;
+    tensor_view<const std::int64_t> y;
+    if (batches_ready) {
+      x = as_input<Net>(xs[b].view());
+      y = ys[b].view();
+    } else {
+      if (b == 0) loaders[i]->start_epoch(0);
+      const auto* batch = loaders[i]->next();
+      x = as_input<Net>(batch->x);
+      y = batch->y;
+    }
+    const auto t0 = clock::now();
+    float loss = 0;
+    if constexpr (detail::fused_mlp_layout<Net>::matches)
+      if (s.fused) loss = fused[i]->train_step(x, y);
+    if (!s.fused)
+      loss = profiled ? nets[i]->train_step(x, y, loss::cross_entropy{}, opts[i], profile)
+                      : nets[i]->train_step(x, y, loss::cross_entropy{}, opts[i]);
+    return std::pair{std::chrono::duration<double, std::micro>(clock::now() - t0).count(), loss};
+  };
+  // The other copies' losses, checked against the first copy's after the run.
+  std::vector<std::vector<float>> copy_losses(static_cast<std::size_t>(std::max(copies, 1)));
   for (long long start = 0; start < steps; start += block) {
     const long long end = std::min(steps, start + block);
     for (std::size_t m = 0; m < modes.size(); ++m) {
-      if (pinning) pin_to(modes[m].cpu, cpus);
-      set_num_threads(modes[m].threads);
-      kernels::cpu::set_thread_balancing(modes[m].balanced);
       std::vector<double> these;
-      for (long long step = start; step < end; ++step) {
-        const std::size_t b = static_cast<std::size_t>(step) % batches;
-        tensor_view<const float> x;
-        tensor_view<const std::int64_t> y;
-        if (batches_ready) {
-          x = as_input<Net>(xs[b].view());
-          y = ys[b].view();
-        } else {
-          if (b == 0) loaders[m]->start_epoch(0);
-          const auto* batch = loaders[m]->next();
-          x = as_input<Net>(batch->x);
-          y = batch->y;
-        }
-        step_profile profile;
-        const auto t0 = clock::now();
-        float loss = 0;
-        if constexpr (detail::fused_mlp_layout<Net>::matches)
-          if (s.fused) loss = fused[m]->train_step(x, y);
-        if (!s.fused)
-          loss = profiled ? nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m], profile)
-                          : nets[m]->train_step(x, y, loss::cross_entropy{}, opts[m]);
-        these.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
-        losses[m].push_back(loss);
-        if (profiled) {
-          std::vector<double> us_of_parts;
-          for (double seconds : profile.forward_seconds) us_of_parts.push_back(seconds * 1e6);
-          us_of_parts.push_back(profile.loss_seconds * 1e6);
-          for (std::size_t i = profile.backward_seconds.size(); i-- > 0;)
-            us_of_parts.push_back(profile.backward_seconds[i] * 1e6);
-          us_of_parts.push_back(profile.update_seconds * 1e6);
-          parts[m].push_back(std::move(us_of_parts));
-          if (layers.empty()) layers = profile.layers;
+      if (modes[m].independent) {
+        // Every copy pinned to its own CPU, one thread each, starting together.
+        std::vector<std::vector<double>> copy_times(static_cast<std::size_t>(copies));
+        std::barrier ready(copies);
+        std::vector<std::string> failures(static_cast<std::size_t>(copies));
+        const auto run_copy = [&](int c) {
+          bool waited = false;
+          try {
+            pin_to(cpus[std::size_t(c)], cpus);
+            set_num_threads(1);
+            waited = true;
+            ready.arrive_and_wait();
+            for (long long step = start; step < end; ++step) {
+              step_profile unused;
+              const auto [us, loss] = train_one(copy_trainer(c), step, unused);
+              copy_times[std::size_t(c)].push_back(us / double(copies));
+              copy_losses[std::size_t(c)].push_back(loss);
+            }
+          } catch (const std::exception& e) {  // reported on the opening thread, after every copy has stopped
+            failures[std::size_t(c)] = e.what();
+            if (!waited) ready.arrive_and_drop();
+          }
+        };
+        std::vector<std::thread> others;
+        for (int c = 1; c < copies; ++c) others.emplace_back(run_copy, c);
+        run_copy(0);
+        for (auto& t : others) t.join();
+        for (const auto& failure : failures)
+          if (!failure.empty()) throw kiln::error("thread_scaling: an independent copy failed: " + failure);
+        for (const auto& t : copy_times) these.insert(these.end(), t.begin(), t.end());
+        losses[m].insert(losses[m].end(), copy_losses[0].end() - (end - start), copy_losses[0].end());
+      } else {
+        if (pinning) pin_to(modes[m].cpu, cpus);
+        set_num_threads(modes[m].threads);
+        kernels::cpu::set_thread_balancing(modes[m].balanced);
+        for (long long step = start; step < end; ++step) {
+          step_profile profile;
+          const auto [us, loss] = train_one(m, step, profile);
+          these.push_back(us);
+          losses[m].push_back(loss);
+          if (profiled) {
+            std::vector<double> us_of_parts;
+            for (double seconds : profile.forward_seconds) us_of_parts.push_back(seconds * 1e6);
+            us_of_parts.push_back(profile.loss_seconds * 1e6);
+            for (std::size_t i = profile.backward_seconds.size(); i-- > 0;)
+              us_of_parts.push_back(profile.backward_seconds[i] * 1e6);
+            us_of_parts.push_back(profile.update_seconds * 1e6);
+            parts[m].push_back(std::move(us_of_parts));
+            if (layers.empty()) layers = profile.layers;
+          }
         }
       }
       times[m].insert(times[m].end(), these.begin(), these.end());
@@ -232,6 +292,13 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
                      "thread_scaling: %s: the loss at step %zu is %.9g, against %.9g on 1 thread: a split of the work "
                      "changed the results\n",
                      modes[m].name.c_str(), s, losses[m][s], losses[0][s]);
+        return 1;
+      }
+  for (int c = 1; c < copies; ++c)
+    for (std::size_t i = 0; i < copy_losses[0].size(); ++i)
+      if (copy_losses[std::size_t(c)][i] != copy_losses[0][i]) {
+        std::fprintf(stderr, "thread_scaling: independent copy %d: the loss at step %zu is %.9g, against %.9g\n", c, i,
+                     copy_losses[std::size_t(c)][i], copy_losses[0][i]);
         return 1;
       }
   std::printf("losses: the same bits in all %zu modes at all %lld steps (last %.6f)\n", modes.size(), steps,
@@ -266,7 +333,9 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   };
   for (std::size_t m = 0; m < modes.size(); ++m) {
     const bool one_thread = m < one_thread_modes;
-    print(modes[m].name, one_thread ? "none" : (modes[m].balanced ? "balanced" : "equal"), modes[m].threads,
+    print(modes[m].name,
+          one_thread ? "none" : modes[m].independent ? "independent" : (modes[m].balanced ? "balanced" : "equal"),
+          modes[m].threads,
           modes[m].cpu >= 0 ? std::to_string(modes[m].cpu) : "any", times[m], block_medians[m], mean(times[m]));
     // After the one-thread modes, the figure the ratios divide: each round's faster CPU (its block medians).
     if (m + 1 == one_thread_modes && pinning)
@@ -278,14 +347,16 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
     names.push_back("loss and its gradient");
     for (std::size_t i = layers.size(); i-- > 0;) names.push_back("backward " + layers[i]);
     names.push_back("optimizer update");
+    // The independent copies are not profiled: their parts would be those of the one-thread modes.
+    const std::size_t profiled_modes = std::min(modes.size(), independent_mode);
     std::printf("\nparts, us per step: median (p10)\n\n| part |");
-    for (const auto& m : modes) std::printf(" %s |", m.name.c_str());
+    for (std::size_t m = 0; m < profiled_modes; ++m) std::printf(" %s |", modes[m].name.c_str());
     std::printf("\n|---|");
-    for (std::size_t m = 0; m < modes.size(); ++m) std::printf("---:|");
+    for (std::size_t m = 0; m < profiled_modes; ++m) std::printf("---:|");
     std::printf("\n");
     for (std::size_t k = 0; k < names.size(); ++k) {
       std::printf("| %s |", names[k].c_str());
-      for (std::size_t m = 0; m < modes.size(); ++m) {
+      for (std::size_t m = 0; m < profiled_modes; ++m) {
         std::vector<double> v;
         for (const auto& step : parts[m]) v.push_back(step[k]);
         std::printf(" %.2f (%.2f) |", median(v), quantile(v, 0.1));

@@ -192,6 +192,17 @@ TEST_CASE("an LSTM in evaluation with dropout between layers runs on cuDNN (no m
   check_results(whole, steps, "LSTM in evaluation, cuDNN vs kiln's steps", false);
 }
 
+// A one-layer, one-direction LSTM with bias over `seq` steps of `batch` samples, as cuDNN's kernels are handed it.
+static kernels::rnn_sequence one_layer_lstm(index_t input_size, index_t hidden_size, index_t seq, index_t batch) {
+  kernels::rnn_sequence s;
+  s.kind = kernels::rnn_sequence::cell::lstm;
+  s.input_size = input_size;
+  s.hidden_size = hidden_size;
+  s.seq = seq;
+  s.batch = batch;
+  return s;
+}
+
 TEST_CASE("where cuDNN keeps a stack's parameters") {
   // Reported, not asserted beyond usability: the layout is cuDNN's to choose (and may depend on the weight space's
   // address), and both ways of handing it the parameters, in place or copied piece by piece, are covered above.
@@ -209,8 +220,7 @@ TEST_CASE("where cuDNN keeps a stack's parameters") {
                  << " bytes; contiguous pieces at offsets 0, 256, 512, 1024, 2048, 4096 from a fresh allocation:"
                  << counts.str());
   };
-  kernels::rnn_sequence s{.kind = kernels::rnn_sequence::cell::lstm, .input_size = 4, .hidden_size = 6, .seq = 5,
-                          .batch = 3};
+  kernels::rnn_sequence s = one_layer_lstm(4, 6, 5, 3);
   report(s, "LSTM(4, 6)");
   s.input_size = 28;
   s.hidden_size = 128;
@@ -286,8 +296,7 @@ TEST_CASE("copy_rows, fill_rows and accumulate_rows on the GPU change a strided 
 }
 
 TEST_CASE("cuDNN's RNN backward without its forward is a kiln::error") {
-  const kernels::rnn_sequence s{.kind = kernels::rnn_sequence::cell::lstm, .input_size = 3, .hidden_size = 4,
-                                .num_layers = 1, .seq = 2, .batch = 2};
+  const kernels::rnn_sequence s = one_layer_lstm(3, 4, 2, 2);
   kiln::cuda::device_buffer<float> params(s.parameter_count()), dparams(s.parameter_count()), x(2 * 2 * 3),
       y(2 * 2 * 4), dy(2 * 2 * 4), never_forwarded(1);
   const float* no_state = nullptr;

@@ -32,27 +32,14 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/init.hpp"
 #include "kiln/core/static_shape.hpp"
+#include "kiln/kernels/rnn_dims.hpp"
 #include "kiln/kernels/rnn_sequence.hpp"
 #include "kiln/layers/layer_context.hpp"
 #include "kiln/layers/parameter_info.hpp"
 
 namespace kiln {
 
-// A stacked recurrent layer's hyper-parameters (PyTorch's constructor arguments).
-struct rnn_dims {
-  index_t input_size = 0;
-  index_t hidden_size = 0;
-  index_t num_layers = 1;
-  bool bias = true;
-  bool bidirectional = false;
-  bool batch_first = false;
-  float dropout = 0.0f;  // between layers, training only
-
-  constexpr index_t directions() const { return bidirectional ? 2 : 1; }
-  constexpr index_t output_size() const { return directions() * hidden_size; }
-  constexpr index_t layer_input(index_t layer) const { return layer == 0 ? input_size : output_size(); }
-  constexpr bool has_dropout(index_t layer) const { return dropout > 0.0f && layer + 1 < num_layers; }
-};
+using kernels::rnn_dims;  // kernels/rnn_dims.hpp
 
 // Parameters of one (layer, direction) inside the flat array.
 template <class T>
@@ -64,19 +51,14 @@ struct rnn_weights {
 };
 
 template <class Cell>
-constexpr index_t rnn_block_size(const rnn_dims& d, index_t layer) {
-  index_t gh = Cell::gates * d.hidden_size;
-  return gh * d.layer_input(layer) + gh * d.hidden_size + (d.bias ? 2 * gh : 0);
-}
-template <class Cell>
 constexpr index_t rnn_param_offset(const rnn_dims& d, index_t layer, index_t dir) {
   index_t offset = 0;
-  for (index_t l = 0; l < layer; ++l) offset += d.directions() * rnn_block_size<Cell>(d, l);
-  return offset + dir * rnn_block_size<Cell>(d, layer);
+  for (index_t l = 0; l < layer; ++l) offset += d.directions() * d.layer_parameters(Cell::gates, l);
+  return offset + dir * d.layer_parameters(Cell::gates, layer);
 }
 template <class Cell>
 constexpr index_t rnn_param_count(const rnn_dims& d) {
-  return rnn_param_offset<Cell>(d, d.num_layers, 0);
+  return d.parameter_count(Cell::gates);
 }
 template <class Cell, class T>
 rnn_weights<T> rnn_weights_at(T* params, const rnn_dims& d, index_t layer, index_t dir) {
@@ -231,15 +213,14 @@ void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
 // The stack as a policy's sequence kernels see it.
 template <class Cell>
 kernels::rnn_sequence rnn_sequence_of(const rnn_dims& d, index_t seq, index_t batch, bool training) {
-  return {.kind = Cell::has_cell_state ? kernels::rnn_sequence::cell::lstm : kernels::rnn_sequence::cell::gru,
-          .input_size = d.input_size,
-          .hidden_size = d.hidden_size,
-          .num_layers = d.num_layers,
-          .bias = d.bias,
-          .bidirectional = d.bidirectional,
-          .seq = seq,
-          .batch = batch,
-          .draws_dropout = training && d.has_dropout(0)};
+  kernels::rnn_sequence s;
+  static_cast<rnn_dims&>(s) = d;
+  s.batch_first = false;  // the plan's buffers, which the policy is handed, are time-major
+  s.kind = Cell::has_cell_state ? kernels::rnn_sequence::cell::lstm : kernels::rnn_sequence::cell::gru;
+  s.seq = seq;
+  s.batch = batch;
+  s.draws_dropout = training && d.has_dropout(0);
+  return s;
 }
 
 namespace detail {

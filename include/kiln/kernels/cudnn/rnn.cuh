@@ -131,7 +131,7 @@ const std::vector<rnn_weight_piece>& rnn_pieces_at(const rnn_sequence& s, rnn_pl
         add(id < G ? block + id * H * I : block + G * H * I + (id - G) * H * H, matrix_at[id], id < G ? H * I : H * H);
       if (s.bias)
         for (index_t id = 0; id < 2 * G; ++id) add(block + G * H * (I + H) + id * H, bias_at[id], H);
-      block += G * H * (I + H + (s.bias ? 2 : 0));
+      block += s.layer_parameters(G, l);
     }
   }
   if (ok && block == s.parameter_count()) at->second = std::move(pieces);
