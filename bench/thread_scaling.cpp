@@ -27,9 +27,9 @@
 //   between cores) are not paid.
 // Each mode trains `--block` steps, then the next takes over, until each has trained its epochs or steps. Before any
 // time is reported, the bench checks that every mode's losses (and every independent copy's) are the same bits at every
-// step: the split of the work must not change results. Every step's time is kept; a mode's figure is the median over its steps, and the ratio
-// is also given as the median of the per-round ratios (a round: one block of each mode) and as the ratio of the
-// means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile) and prints each part's
+// step: the split of the work must not change results. Every step's time is kept; a mode's figure is the median over
+// its steps, and the ratio is also given as the median of the per-round ratios (a round: one block of each mode) and
+// as the ratio of the means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile) and prints each part's
 // median and 10th percentile over the steps, the modes side by side (the fastest tenth shows the parts when both
 // cores run at full speed).
 #include <algorithm>
