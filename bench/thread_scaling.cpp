@@ -29,9 +29,9 @@
 // time is reported, the bench checks that every mode's losses (and every independent copy's) are the same bits at every
 // step: the split of the work must not change results. Every step's time is kept; a mode's figure is the median over
 // its steps, and the ratio is also given as the median of the per-round ratios (a round: one block of each mode) and
-// as the ratio of the means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile) and prints each part's
-// median and 10th percentile over the steps, the modes side by side (the fastest tenth shows the parts when both
-// cores run at full speed).
+// as the ratio of the means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile)
+// and prints each part's median and 10th percentile over the steps, the modes side by side (the fastest tenth shows
+// the parts when both cores run at full speed).
 #include <algorithm>
 #include <array>
 #include <barrier>
@@ -219,8 +219,8 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
                       : nets[i]->train_step(x, y, loss::cross_entropy{}, opts[i]);
     return std::pair{std::chrono::duration<double, std::micro>(clock::now() - t0).count(), loss};
   };
-  // The other copies' losses, checked against the first copy's after the run.
-  std::vector<std::vector<float>> copy_losses(static_cast<std::size_t>(std::max(copies, 1)));
+  // The losses of the independent copies after the first (whose are the mode's), checked after the run.
+  std::vector<std::vector<double>> copy_losses(static_cast<std::size_t>(std::max(copies, 1)));
   for (long long start = 0; start < steps; start += block) {
     const long long end = std::min(steps, start + block);
     for (std::size_t m = 0; m < modes.size(); ++m) {
@@ -241,7 +241,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
               step_profile unused;
               const auto [us, loss] = train_one(copy_trainer(c), step, unused);
               copy_times[std::size_t(c)].push_back(us / double(copies));
-              copy_losses[std::size_t(c)].push_back(loss);
+              (c == 0 ? losses[m] : copy_losses[std::size_t(c)]).push_back(loss);
             }
           } catch (const std::exception& e) {  // reported on the opening thread, after every copy has stopped
             failures[std::size_t(c)] = e.what();
@@ -255,7 +255,6 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
         for (const auto& failure : failures)
           if (!failure.empty()) throw kiln::error("thread_scaling: an independent copy failed: " + failure);
         for (const auto& t : copy_times) these.insert(these.end(), t.begin(), t.end());
-        losses[m].insert(losses[m].end(), copy_losses[0].end() - (end - start), copy_losses[0].end());
       } else {
         if (pinning) pin_to(modes[m].cpu, cpus);
         set_num_threads(modes[m].threads);
@@ -295,10 +294,11 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
         return 1;
       }
   for (int c = 1; c < copies; ++c)
-    for (std::size_t i = 0; i < copy_losses[0].size(); ++i)
-      if (copy_losses[std::size_t(c)][i] != copy_losses[0][i]) {
-        std::fprintf(stderr, "thread_scaling: independent copy %d: the loss at step %zu is %.9g, against %.9g\n", c, i,
-                     copy_losses[std::size_t(c)][i], copy_losses[0][i]);
+    for (std::size_t i = 0; i < copy_losses[std::size_t(c)].size(); ++i)
+      if (copy_losses[std::size_t(c)][i] != losses[0][i]) {
+        std::fprintf(stderr,
+                     "thread_scaling: independent copy %d: the loss at step %zu is %.9g, against %.9g on 1 thread\n", c,
+                     i, copy_losses[std::size_t(c)][i], losses[0][i]);
         return 1;
       }
   std::printf("losses: the same bits in all %zu modes at all %lld steps (last %.6f)\n", modes.size(), steps,
