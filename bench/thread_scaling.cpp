@@ -29,9 +29,10 @@
 // time is reported, the bench checks that every mode's losses (and every independent copy's) are the same bits at every
 // step: the split of the work must not change results. Every step's time is kept; a mode's figure is the median over
 // its steps, and the ratio is also given as the median of the per-round ratios (a round: one block of each mode) and
-// as the ratio of the means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile)
-// and prints each part's median and 10th percentile over the steps, the modes side by side (the fastest tenth shows
-// the parts when both cores run at full speed).
+// as the ratio of the means (the epoch's time). --profile times each mode's steps part by part (kiln::step_profile,
+// or for the fused step each thread's parts, kernels::cpu::fused_mlp_parts) and prints each part's median and 10th
+// percentile over the steps, the modes side by side (the fastest tenth shows the parts when both cores run at full
+// speed).
 #include <algorithm>
 #include <array>
 #include <barrier>
@@ -192,12 +193,15 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   const long long steps = s.steps > 0 ? s.steps : s.epochs * static_cast<long long>(batches);
   std::vector<std::vector<double>> times(modes.size()), losses(modes.size()), block_medians(modes.size()),
       block_means(modes.size());
-  // --profile: each step's parts, in step_profile's order (the forwards, the loss, the backwards, the update).
+  // --profile: each step's parts, in step_profile's order (the forwards, the loss, the backwards, the update); for the
+  // fused step, fused_mlp_parts' parts of thread 0, then of thread 1, and so on.
   std::vector<std::vector<std::vector<double>>> parts(modes.size());
   std::vector<std::string> layers;
   using clock = std::chrono::steady_clock;
-  // One step of trainer i on step `step`'s batch: its time in us and its loss; `profile` gets its parts.
-  const auto train_one = [&](std::size_t i, long long step, step_profile& profile) {
+  // One step of trainer i on step `step`'s batch: its time in us and its loss; `profile` (or `fused_parts`, for the
+  // fused step) gets its parts.
+  const auto train_one = [&](std::size_t i, long long step, step_profile& profile,
+                             kernels::cpu::fused_mlp_parts& fused_parts) {
     const std::size_t b = static_cast<std::size_t>(step) % batches;
     tensor_view<const float> x;
     tensor_view<const std::int64_t> y;
@@ -213,7 +217,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
     const auto t0 = clock::now();
     float loss = 0;
     if constexpr (detail::fused_mlp_layout<Net>::matches)
-      if (s.fused) loss = fused[i]->train_step(x, y);
+      if (s.fused) loss = profiled ? fused[i]->train_step(x, y, fused_parts) : fused[i]->train_step(x, y);
     if (!s.fused)
       loss = profiled ? nets[i]->train_step(x, y, loss::cross_entropy{}, opts[i], profile)
                       : nets[i]->train_step(x, y, loss::cross_entropy{}, opts[i]);
@@ -239,7 +243,8 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
             ready.arrive_and_wait();
             for (long long step = start; step < end; ++step) {
               step_profile unused;
-              const auto [us, loss] = train_one(copy_trainer(c), step, unused);
+              kernels::cpu::fused_mlp_parts unused_parts;
+              const auto [us, loss] = train_one(copy_trainer(c), step, unused, unused_parts);
               copy_times[std::size_t(c)].push_back(us / double(copies));
               (c == 0 ? losses[m] : copy_losses[std::size_t(c)]).push_back(loss);
             }
@@ -261,10 +266,18 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
         kernels::cpu::set_thread_balancing(modes[m].balanced);
         for (long long step = start; step < end; ++step) {
           step_profile profile;
-          const auto [us, loss] = train_one(m, step, profile);
+          kernels::cpu::fused_mlp_parts fused_parts;
+          const auto [us, loss] = train_one(m, step, profile, fused_parts);
           these.push_back(us);
           losses[m].push_back(loss);
-          if (profiled) {
+          if (profiled && s.fused) {
+            std::vector<double> us_of_parts;
+            const auto& seconds = fused_parts.seconds;
+            for (int t = 0; t < modes[m].threads; ++t)  // a smaller team than asked for leaves its columns at 0
+              for (int k = 0; k < kernels::cpu::fused_mlp_parts::count; ++k)
+                us_of_parts.push_back(t < fused_parts.threads ? 1e6 * seconds[std::size_t(t)][std::size_t(k)] : 0.0);
+            parts[m].push_back(std::move(us_of_parts));
+          } else if (profiled) {
             std::vector<double> us_of_parts;
             for (double seconds : profile.forward_seconds) us_of_parts.push_back(seconds * 1e6);
             us_of_parts.push_back(profile.loss_seconds * 1e6);
@@ -343,22 +356,37 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   }
   if (profiled && !parts[0].empty()) {
     std::vector<std::string> names;
-    for (const auto& layer : layers) names.push_back("forward " + layer);
-    names.push_back("loss and its gradient");
-    for (std::size_t i = layers.size(); i-- > 0;) names.push_back("backward " + layers[i]);
-    names.push_back("optimizer update");
+    if (s.fused) {
+      for (const char* name : kernels::cpu::fused_mlp_parts::names) names.push_back(name);
+    } else {
+      for (const auto& layer : layers) names.push_back("forward " + layer);
+      names.push_back("loss and its gradient");
+      for (std::size_t i = layers.size(); i-- > 0;) names.push_back("backward " + layers[i]);
+      names.push_back("optimizer update");
+    }
+    // A column per mode, or for the fused step per thread of each mode: where its parts start in a step's list.
+    struct column {
+      std::size_t mode, first_part;
+      std::string name;
+    };
+    std::vector<column> columns;
     // The independent copies are not profiled: their parts would be those of the one-thread modes.
-    const std::size_t profiled_modes = std::min(modes.size(), independent_mode);
+    for (std::size_t m = 0; m < std::min(modes.size(), independent_mode); ++m) {
+      if (!s.fused || modes[m].threads == 1) columns.push_back({m, 0, modes[m].name});
+      else
+        for (int t = 0; t < modes[m].threads; ++t)
+          columns.push_back({m, std::size_t(t) * names.size(), modes[m].name + ", thread " + std::to_string(t)});
+    }
     std::printf("\nparts, us per step: median (p10)\n\n| part |");
-    for (std::size_t m = 0; m < profiled_modes; ++m) std::printf(" %s |", modes[m].name.c_str());
+    for (const auto& c : columns) std::printf(" %s |", c.name.c_str());
     std::printf("\n|---|");
-    for (std::size_t m = 0; m < profiled_modes; ++m) std::printf("---:|");
+    for (std::size_t c = 0; c < columns.size(); ++c) std::printf("---:|");
     std::printf("\n");
     for (std::size_t k = 0; k < names.size(); ++k) {
       std::printf("| %s |", names[k].c_str());
-      for (std::size_t m = 0; m < profiled_modes; ++m) {
+      for (const auto& c : columns) {
         std::vector<double> v;
-        for (const auto& step : parts[m]) v.push_back(step[k]);
+        for (const auto& step : parts[c.mode]) v.push_back(step[c.first_part + k]);
         std::printf(" %.2f (%.2f) |", median(v), quantile(v, 0.1));
       }
       std::printf("\n");
@@ -382,8 +410,6 @@ int main(int argc, char** argv) try {
   s.epochs = flags.get_int("--epochs", 2);
   s.steps = flags.get_int("--steps", mlp || flags.has("--epochs") ? 0 : s.workload == "lstm" ? 192 : 48);
   s.block = flags.get_int("--block", mlp ? 16 : s.workload == "lstm" ? 4 : 2);
-  if (s.fused && s.profiled)
-    throw kiln::error("thread_scaling: --profile: expected a workload trained layer by layer, found " + s.workload);
   if (s.threads < 2)
     throw kiln::error("thread_scaling: --threads: expected 2 or more, found " + std::to_string(s.threads));
   if (s.epochs < 1 || s.block < 1 || s.steps < 0)
@@ -402,7 +428,8 @@ int main(int argc, char** argv) try {
   if (s.workload == "mnist_cnn")
     return measure<bench::mnist_cnn_net>(
         s, train, "the MNIST CNN (Conv32-Conv64-MaxPool-Dense128-Dense10, batch 64, Adam, rung 5)");
-  throw kiln::error("thread_scaling: --workload: expected mnist_mlp, mnist_mlp_fused, lstm or mnist_cnn, found '" + s.workload + "'");
+  throw kiln::error("thread_scaling: --workload: expected mnist_mlp, mnist_mlp_fused, lstm or mnist_cnn, found '" +
+                    s.workload + "'");
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;

@@ -1,6 +1,7 @@
 // The CPU's fused MLP step (kiln::fused_mlp_trainer on policy::cpu, kernels/cpu/fused_mlp.hpp): the same losses,
 // parameters and gradients as Sequential::train_step with Adam, bit for bit, on one thread and on two split
-// unevenly, with AMX on and off; gemm_part's parts of a product are gemm's elements; bad input is refused.
+// unevenly, with AMX on and off; gemm_part's parts of a product are gemm's elements, and the fused head backward's
+// are the two products'; a profiled step times each thread's parts; bad input is refused.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -119,6 +120,40 @@ TEST_CASE("gemm_part's parts of a product are the elements gemm computes") {
                        doctest::Contains("blocked or on AMX"), error);
 }
 
+TEST_CASE("the fused head backward gives the bits of W2's gradient and dL/dhidden as two gemm calls") {
+  thread_settings_guard guard;
+  set_num_threads(1);
+  struct shape {
+    index_t batch, hidden, out;
+  };
+  // The MNIST MLP's; 13 outputs (a group of 10, then one of 3 that carries on dL/dhidden's chains), 100 hidden units
+  // (a partial last vector) and 50 rows (not a multiple of the 4 taken at once); 3 outputs over 21 rows.
+  for (const shape s : {shape{64, 128, 10}, shape{50, 100, 13}, shape{21, 80, 3}}) {
+    CAPTURE(s.batch);
+    CAPTURE(s.out);
+    using kernels::cpu::fused_mlp_detail::head_backward_fusable;
+    REQUIRE(head_backward_fusable(s.batch, s.hidden, s.out));
+    const auto head = random_values(std::size_t(s.batch * s.out), 4);
+    const auto w2 = random_values(std::size_t(s.out * s.hidden), 5);
+    auto h = random_values(std::size_t(s.batch * s.hidden), 6);
+    for (auto& v : h) v = std::max(v, 0.0f);  // a ReLU's output, zeros included
+    std::vector<float> w2_grad(w2.size()), dh(h.size());
+    kernels::cpu::gemm<float>(true, false, s.out, s.hidden, s.batch, 1.0f, head.data(), s.out, h.data(), s.hidden, 0.0f,
+                              w2_grad.data(), s.hidden);
+    kernels::cpu::gemm<float>(false, false, s.batch, s.hidden, s.out, 1.0f, head.data(), s.out, w2.data(), s.hidden,
+                              0.0f, dh.data(), s.hidden);
+    // In two parts of the hidden units, cut at 16, as two threads of the fused step take them.
+    std::vector<float> w2_grad_parts(w2.size(), -1.0f), dh_parts(h.size(), -1.0f);
+    for (auto [u0, u1] : {std::pair{index_t(0), index_t(16)}, std::pair{index_t(16), s.hidden}})
+      kernels::cpu::fused_mlp_detail::head_backward_part(head.data(), h.data(), w2.data(), w2_grad_parts.data(),
+                                                         dh_parts.data(), s.batch, s.hidden, s.out, u0, u1);
+    CHECK(bitwise_equal(w2_grad_parts, w2_grad));
+    CHECK(bitwise_equal(dh_parts, dh));
+  }
+  // Products that gemm runs on another path (here the direct loop of tiny products) keep the two calls.
+  CHECK_FALSE(kernels::cpu::fused_mlp_detail::head_backward_fusable(2, 8, 2));
+}
+
 TEST_CASE("sum_rows_part and softmax_cross_entropy_rows give the whole call's bits in parts") {
   // Column sums: widths whose last strip sums in 4, 2 or 1 chains, parts cut on multiples of 16.
   for (index_t cols : {10, 16, 40, 80, 100, 128, 200}) {
@@ -171,6 +206,43 @@ TEST_CASE("the fused step takes Sequential::train_step's steps, bit for bit, on 
       CHECK(bitwise_equal(trained(data, 5, true), reference));
     }
     kernels::cpu::set_fixed_thread_shares({});
+  }
+}
+
+TEST_CASE("a profiled fused step times each thread's parts and takes the same step") {
+  thread_settings_guard guard;
+  using Net = Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>>;
+  const batches<Net> data(64, 3);
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    Net plain_net(64, 3), profiled_net(64, 3);
+    fused_mlp_trainer<Net> plain(plain_net), profiled(profiled_net);
+    for (int s = 0; s < 3; ++s) {
+      kernels::cpu::fused_mlp_parts parts;
+      const float plain_loss = plain.train_step(data.x_view(s), data.y_view(s));
+      const float profiled_loss = profiled.train_step(data.x_view(s), data.y_view(s), parts);
+      CHECK(std::memcmp(&plain_loss, &profiled_loss, sizeof plain_loss) == 0);
+      REQUIRE(parts.threads == kernels::cpu::fused_mlp_threads(64, 784, 128, 10));
+      for (int t = 0; t < parts.threads; ++t) {
+        CAPTURE(t);
+        const auto& seconds = parts.seconds[std::size_t(t)];
+        CHECK(std::all_of(seconds.begin(), seconds.end(), [](double x) { return x >= 0; }));
+        // The forward product alone is tens of microseconds.
+        CHECK(seconds[kernels::cpu::fused_mlp_parts::forward] > 1e-6);
+        CHECK(seconds[kernels::cpu::fused_mlp_parts::w1_gradient] > 1e-6);
+      }
+    }
+    const auto values = [](const Net& net) {
+      return std::vector<float>(net.parameter_values().begin(), net.parameter_values().end());
+    };
+    CHECK(bitwise_equal(values(plain_net), values(profiled_net)));
+    // The profile is the call's: the next step without one leaves it as it was.
+    kernels::cpu::fused_mlp_parts parts;
+    profiled.train_step(data.x_view(0), data.y_view(0), parts);
+    const auto before = parts.seconds;
+    profiled.train_step(data.x_view(1), data.y_view(1));
+    CHECK(parts.seconds == before);
   }
 }
 

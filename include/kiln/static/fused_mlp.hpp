@@ -108,6 +108,16 @@ class fused_mlp_trainer<Net, true> {
     arguments_.precision = detail::fused_product_precision<typename Net::policy>();
     return kernels::cpu::fused_mlp_step(arguments_, balance_);
   }
+  // The same step, each thread's parts timed into `parts` (the same kernels and bits).
+  float train_step(tensor_view<const float> x, tensor_view<const std::int64_t> labels,
+                   kernels::cpu::fused_mlp_parts& parts) {
+    arguments_.parts = &parts;
+    struct stop_timing {
+      kernels::cpu::fused_mlp_step_arguments& arguments;
+      ~stop_timing() { arguments.parts = nullptr; }
+    } stop{arguments_};
+    return train_step(x, labels);
+  }
 
   // Adam's steps taken so far.
   long long steps() const { return steps_; }

@@ -12,14 +12,17 @@
 // updates b2 and adds up the loss.
 //
 // The arithmetic is the layer-by-layer step's: each product runs the kernel and path gemm takes for the whole product
-// (a part of it where it is split), and the loss, the ReLU's backward, the bias sums and Adam are the same kernels
-// over the same values, in the same order. The losses, parameters and gradients are those of Sequential::train_step
-// with Adam, bit for bit, on any number of threads (tests/test_fused_mlp.cpp).
+// (a part of it where it is split; the head's two backward products, where gemm runs them blocked, in one pass of
+// the same FMA chains, head_backward_part), and the loss, the ReLU's backward, the bias sums and Adam are the same
+// kernels over the same values, in the same order. The losses, parameters and gradients are those of
+// Sequential::train_step with Adam, bit for bit, on any number of threads (tests/test_fused_mlp.cpp).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <utility>
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/threads.hpp"
@@ -35,6 +38,29 @@ namespace kiln::kernels::cpu {
 
 using kernels::fused_parameter;  // kernels/fused_parameter.hpp
 
+// Where a fused step's time goes, thread by thread: the seconds each thread of the last profiled step spent in each
+// part (fused_mlp_trainer::train_step with a profile, bench/thread_scaling --profile). The parts are timed by reading
+// the clock between them on each thread; the step's arithmetic is the same.
+struct fused_mlp_parts {
+  enum part : int {
+    entering,       // from the step's start to the thread's first kernel (the parallel region's start)
+    forward,        // the hidden layer's forward, the thread's units
+    wait_forward,   // the barrier after it
+    head_and_loss,  // the head's forward and the loss, the thread's rows
+    wait_loss,      // the barrier after them
+    head_backward,  // W2's gradient, dL/dhidden, the ReLU's backward, b1's gradient, Adam on W2 (and b2, the loss)
+    w1_gradient,    // W1's gradient, the thread's units
+    w1_update,      // Adam on W1 and b1, the thread's units
+    count
+  };
+  static constexpr const char* names[count] = {
+      "entering the parallel region",      "hidden layer's forward (own units)", "waiting for every hidden unit",
+      "head's forward and loss (own rows)", "waiting for every row's loss",       "head's backward, Adam on W2 and b2",
+      "W1's gradient (own units)",          "Adam on W1 and b1 (own units)"};
+  int threads = 0;  // of the last step
+  std::array<std::array<double, count>, thread_split::max_threads> seconds{};
+};
+
 // Everything one fused step reads and writes.
 struct fused_mlp_step_arguments {
   const float* x;              // batch x in, row-major
@@ -47,6 +73,7 @@ struct fused_mlp_step_arguments {
   float* row_losses;               // batch: each row's loss before the mean
   adam_step_args<float> adam;      // this step's count included; amsgrad unused
   product_precision precision;     // of the products, as the model's policy sets it
+  fused_mlp_parts* parts = nullptr;  // where set, each thread's parts of the step are timed into it
 };
 
 // Hidden units go to the threads in tiles of this many: gemm_part's parts start on multiples of 16, and a part of
@@ -95,24 +122,118 @@ inline void product_part(bool transpose_a, bool transpose_b, index_t m, index_t 
     gemm_part<float>(transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb, c, ldc, i0, i1, j0, j1, ep, precision);
 }
 
+// Whether head_backward_part gives the bits of the two products it replaces: gemm must run both on the blocked path
+// (not AMX tiles, narrow or direct) in one k block, where every element is one FMA chain over k from zero.
+inline bool head_backward_fusable(index_t batch, index_t hidden, index_t out) {
+  using gemm_detail::gemm_route;
+  return gemm_detail::route_of<float>(true, false, out, hidden, batch, hidden) == gemm_route::blocked &&
+         gemm_detail::route_of<float>(false, false, batch, hidden, out, hidden) == gemm_route::blocked &&
+         gemm_detail::k_block_depth<float>(batch) == batch && gemm_detail::k_block_depth<float>(out) == out;
+}
+
+// Outputs o0 .. o0 + Count of head_backward_part over one vector of hidden units (`lanes` of them, at column j).
+// Rows go four at a time: dL/dhidden's chain over the outputs is Count dependent FMAs per row, and one row at a time
+// waited on the FMA's latency; four rows' chains interleave, while each weight gradient's chain still takes the rows
+// in order.
+template <int Count>
+KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, const float* w2, float* w2_grad, float* dh,
+                                         index_t batch, index_t hidden, index_t out, index_t o0, index_t j,
+                                         int lanes) {
+  using S = gemm_detail::simd<float>;
+  using Reg = typename S::reg;
+  constexpr int rows_at_once = 4;
+  const bool full = lanes == S::width;
+  auto load = [&](const float* p) { return full ? S::load(p) : S::load_n(p, lanes); };
+  auto store = [&](float* p, Reg x) { full ? S::store(p, x) : S::store_n(p, x, lanes); };
+  Reg weight[Count], weight_grad[Count];
+#pragma GCC unroll 16
+  for (int o = 0; o < Count; ++o) {
+    weight[o] = load(w2 + (o0 + o) * hidden + j);
+    weight_grad[o] = S::zero();
+  }
+  const auto some_rows = [&]<int Rows>(index_t row) {
+    Reg hidden_value[Rows], hidden_grad[Rows];
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      hidden_value[r] = load(h + (row + r) * hidden + j);
+      hidden_grad[r] = o0 == 0 ? S::zero() : load(dh + (row + r) * hidden + j);
+    }
+#pragma GCC unroll 16
+    for (int o = 0; o < Count; ++o) {
+#pragma GCC unroll 8
+      for (int r = 0; r < Rows; ++r) {
+        const Reg logit_grad = S::set1(head[(row + r) * out + o0 + o]);
+        weight_grad[o] = S::fmadd(logit_grad, hidden_value[r], weight_grad[o]);
+        hidden_grad[r] = S::fmadd(logit_grad, weight[o], hidden_grad[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) store(dh + (row + r) * hidden + j, hidden_grad[r]);
+  };
+  index_t row = 0;
+  for (; row + rows_at_once <= batch; row += rows_at_once) some_rows.template operator()<rows_at_once>(row);
+  for (; row < batch; ++row) some_rows.template operator()<1>(row);
+#pragma GCC unroll 16
+  for (int o = 0; o < Count; ++o) store(w2_grad + (o0 + o) * hidden + j, weight_grad[o]);
+}
+
+// W2's gradient (dL/dlogits^T h) and dL/dhidden (dL/dlogits W2) on hidden units [u0, u1), u0 a multiple of the vector
+// width, in one pass over the batch that broadcasts each element of dL/dlogits once for both and packs nothing. Where
+// head_backward_fusable holds, these are the bits of the two products (gemm_microkernel.hpp's chains: each element
+// summed over k in order from zero, the batch for W2's gradient and the outputs for dL/dhidden; a chain that runs on
+// across a group of outputs is stored and reloaded, which is exact). The MNIST MLP's, on one thread and hot caches:
+// 2.6 us, against 3.9 for the two gemm calls (bench/RESULTS.md).
+inline void head_backward_part(const float* head, const float* h, const float* w2, float* w2_grad, float* dh,
+                               index_t batch, index_t hidden, index_t out, index_t u0, index_t u1) {
+  constexpr int width = gemm_detail::simd<float>::width;
+  // Outputs go in groups whose weights and accumulators stay in registers beside 4 rows' values and gradients.
+  constexpr int group = width >= 16 ? 10 : 4;
+  for (index_t j = u0; j < u1; j += width) {
+    const int lanes = int(std::min<index_t>(width, u1 - j));
+    for (index_t o0 = 0; o0 < out; o0 += group) {
+      const auto outputs = [&]<int Count>() {
+        head_backward_outputs<Count>(head, h, w2, w2_grad, dh, batch, hidden, out, o0, j, lanes);
+      };
+      [&]<int... Counts>(std::integer_sequence<int, Counts...>) {
+        const int count = int(std::min<index_t>(group, out - o0));
+        ((count == Counts + 1 ? (outputs.template operator()<Counts + 1>(), true) : false) || ...);
+      }(std::make_integer_sequence<int, group>{});
+    }
+  }
+}
+
 // Thread `id` of `team`'s part of the step: hidden units [u0, u1). Every thread of the team calls it (the barriers),
 // with every kernel inside running on the calling thread alone (num_threads() is 1 inside a parallel region).
 // Returns the loss on the first thread. busy_seconds gets the time the thread spent on the work that grows with its
 // units (the forward product and everything after the second barrier), which is what the split's balance learns the
 // threads' speeds from: the time to the end of the step would also count the waits at the barriers.
 inline float step_part(const fused_mlp_step_arguments& a, int id, int team, index_t u0, index_t u1,
-                       double& busy_seconds) {
+                       std::chrono::steady_clock::time_point step_start, double& busy_seconds) {
   const index_t batch = a.batch, in = a.in, hidden = a.hidden, out = a.out;
   float* const h = a.hidden_values;
   float* const dh = a.hidden_grads;
   float* const head = a.head_values;
   using clock = std::chrono::steady_clock;
   const auto forward_start = clock::now();
+  double* const timed = a.parts && id < thread_split::max_threads ? a.parts->seconds[std::size_t(id)].data() : nullptr;
+  auto part_start = step_start;
+  const auto part_done = [&](fused_mlp_parts::part part) {
+    if (!timed) return;
+    const auto now = clock::now();
+    timed[part] = std::chrono::duration<double>(now - part_start).count();
+    part_start = now;
+  };
+  if (timed) {
+    timed[fused_mlp_parts::entering] = std::chrono::duration<double>(forward_start - step_start).count();
+    part_start = forward_start;
+  }
   // The hidden layer's forward, this thread's columns: relu(x W1^T + b1).
   product_part(false, true, batch, hidden, in, a.x, in, a.w1.value, in, h, hidden, 0, batch, u0, u1,
                {a.b1.value, activation::relu, 0.0f}, a.precision);
   const auto forward_end = clock::now();
+  part_done(fused_mlp_parts::forward);
 #pragma omp barrier
+  part_done(fused_mlp_parts::wait_forward);
   // The head's forward and the loss on this thread's rows, the logits overwritten by dL/dlogits, scaled as the
   // whole batch's mean.
   const thread_split rows = thread_split::equal(team);
@@ -121,8 +242,10 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
               head + r0 * out, out, {a.b2.value}, a.precision);
   const float scale = reduction_scale<float>("cross_entropy", reduction::mean, batch);
   loss_kernels::softmax_cross_entropy_rows(head, a.labels, r0, r1, out, scale, head, a.row_losses);
+  part_done(fused_mlp_parts::head_and_loss);
 #pragma omp barrier
   const auto own_start = clock::now();
+  part_done(fused_mlp_parts::wait_loss);
   float loss = 0;
   if (id == 0) {  // b2 (every thread has read it by now) and the loss, summed as softmax_cross_entropy sums it
     reduce_kernels::sum_rows(head, a.b2.grad, batch, out, false);
@@ -134,10 +257,14 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // This thread's columns of W2's gradient and of dL/dhidden (as Dense<out>'s backward), the ReLU's backward on them
   // in place and their bias gradient (as Dense<hidden, ReLU>'s backward), W2's update (only this thread reads these
   // columns of W2 after the barrier), then its rows of W1's gradient and the update of W1 and b1.
-  product_part(true, false, out, hidden, batch, head, out, h, hidden, a.w2.grad, hidden, 0, out, u0, u1, {},
-               a.precision);
-  product_part(false, false, batch, hidden, out, head, out, a.w2.value, hidden, dh, hidden, 0, batch, u0, u1, {},
-               a.precision);
+  if (head_backward_fusable(batch, hidden, out)) {
+    head_backward_part(head, h, a.w2.value, a.w2.grad, dh, batch, hidden, out, u0, u1);
+  } else {
+    product_part(true, false, out, hidden, batch, head, out, h, hidden, a.w2.grad, hidden, 0, out, u0, u1, {},
+                 a.precision);
+    product_part(false, false, batch, hidden, out, head, out, a.w2.value, hidden, dh, hidden, 0, batch, u0, u1, {},
+                 a.precision);
+  }
   for (index_t row = 0; row < batch; ++row) {  // activation_backward's arithmetic, on this thread's columns
     float* const dh_row = dh + row * hidden;
     const float* const h_row = h + row * hidden;
@@ -145,9 +272,12 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   }
   reduce_kernels::sum_rows_part(dh, a.b1.grad, batch, hidden, u0, u1, false);
   for (index_t o = 0; o < out; ++o) adam_range(a.w2, o * hidden + u0, o * hidden + u1, a.adam);
+  part_done(fused_mlp_parts::head_backward);
   product_part(true, false, hidden, in, batch, dh, hidden, a.x, in, a.w1.grad, in, u0, u1, 0, in, {}, a.precision);
+  part_done(fused_mlp_parts::w1_gradient);
   adam_range(a.w1, u0 * in, u1 * in, a.adam);
   adam_range(a.b1, u0, u1, a.adam);
+  part_done(fused_mlp_parts::w1_update);
   busy_seconds = std::chrono::duration<double>(forward_end - forward_start + (clock::now() - own_start)).count();
   return loss;
 }
@@ -157,6 +287,7 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
 // One fused step (see the top of this file) on fused_mlp_threads(...) threads, their shares of the hidden units
 // following `balance`. Returns the batch's loss.
 inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& balance) {
+  const auto step_start = std::chrono::steady_clock::now();
   const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out);
   double busy = 0;
 #if defined(_OPENMP)
@@ -173,10 +304,11 @@ inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& b
       const index_t u0 = std::min(a.hidden, mine.begin(tiles, id) * fused_mlp_unit_tile);
       const index_t u1 = std::min(a.hidden, mine.end(tiles, id) * fused_mlp_unit_tile);
       double busy_seconds = 0;
-      const float part_loss = fused_mlp_detail::step_part(a, id, team, u0, u1, busy_seconds);
+      const float part_loss = fused_mlp_detail::step_part(a, id, team, u0, u1, step_start, busy_seconds);
       if (id == 0) {
         loss = part_loss;
         clock.team = team;
+        if (a.parts) a.parts->threads = std::min(team, thread_split::max_threads);
       }
       if (id < thread_split::max_threads) clock.seconds[std::size_t(id)] = busy_seconds;
     }
@@ -185,7 +317,8 @@ inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& b
   }
 #endif
   (void)balance;  // one thread: nothing to balance
-  return fused_mlp_detail::step_part(a, 0, 1, 0, a.hidden, busy);
+  if (a.parts) a.parts->threads = 1;
+  return fused_mlp_detail::step_part(a, 0, 1, 0, a.hidden, step_start, busy);
 }
 
 }  // namespace kiln::kernels::cpu
