@@ -120,7 +120,7 @@ TEST_CASE("gemm_part's parts of a product are the elements gemm computes") {
                        doctest::Contains("blocked or on AMX"), error);
 }
 
-TEST_CASE("the fused head backward gives the bits of W2's gradient and dL/dhidden as two gemm calls") {
+TEST_CASE("the fused head backward gives the bits of gemm, the ReLU's backward and sum_rows on W2, dL/dhidden and b1") {
   thread_settings_guard guard;
   set_num_threads(1);
   struct shape {
@@ -142,13 +142,20 @@ TEST_CASE("the fused head backward gives the bits of W2's gradient and dL/dhidde
                               w2_grad.data(), s.hidden);
     kernels::cpu::gemm<float>(false, false, s.batch, s.hidden, s.out, 1.0f, head.data(), s.out, w2.data(), s.hidden,
                               0.0f, dh.data(), s.hidden);
-    // In two parts of the hidden units, cut at 16, as two threads of the fused step take them.
-    std::vector<float> w2_grad_parts(w2.size(), -1.0f), dh_parts(h.size(), -1.0f);
+    for (std::size_t i = 0; i < dh.size(); ++i)  // the ReLU's backward, as activation_backward takes it
+      dh[i] = kernels::activate_backward(activation::relu, 0.0f, h[i], dh[i], 0.0f);
+    std::vector<float> b1_grad(static_cast<std::size_t>(s.hidden));
+    kernels::cpu::reduce_kernels::sum_rows(dh.data(), b1_grad.data(), s.batch, s.hidden, false);
+    // In two parts of the hidden units, cut at 16, as two threads of the fused step take them. With 80 units the
+    // last strip of sum_rows has one vector and sums in 4 chains: the second part's sums then run after the pass.
+    std::vector<float> w2_grad_parts(w2.size(), -1.0f), dh_parts(h.size(), -1.0f), b1_grad_parts(b1_grad.size(), -1.0f);
     for (auto [u0, u1] : {std::pair{index_t(0), index_t(16)}, std::pair{index_t(16), s.hidden}})
       kernels::cpu::fused_mlp_detail::head_backward_part(head.data(), h.data(), w2.data(), w2_grad_parts.data(),
-                                                         dh_parts.data(), s.batch, s.hidden, s.out, u0, u1);
+                                                         dh_parts.data(), b1_grad_parts.data(), s.batch, s.hidden,
+                                                         s.out, u0, u1);
     CHECK(bitwise_equal(w2_grad_parts, w2_grad));
     CHECK(bitwise_equal(dh_parts, dh));
+    CHECK(bitwise_equal(b1_grad_parts, b1_grad));
   }
   // Products that gemm runs on another path (here the direct loop of tiny products) keep the two calls.
   CHECK_FALSE(kernels::cpu::fused_mlp_detail::head_backward_fusable(2, 8, 2));

@@ -13,8 +13,8 @@
 //
 // The arithmetic is the layer-by-layer step's: each product runs the kernel and path gemm takes for the whole product
 // (a part of it where it is split; the head's two backward products, where gemm runs them blocked, in one pass of
-// the same FMA chains, head_backward_part), and the loss, the ReLU's backward, the bias sums and Adam are the same
-// kernels over the same values, in the same order. The losses, parameters and gradients are those of
+// the same FMA chains that also takes the ReLU's backward and b1's sums, head_backward_part), and the loss, the
+// ReLU's backward, the bias sums and Adam are the same arithmetic over the same values, in the same order. The losses, parameters and gradients are those of
 // Sequential::train_step with Adam, bit for bit, on any number of threads (tests/test_fused_mlp.cpp).
 #pragma once
 
@@ -115,11 +115,13 @@ inline void adam_range(const fused_parameter& p, index_t begin, index_t end, con
 // on one thread, which also takes products that gemm_part cannot split).
 inline void product_part(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, const float* a,
                          index_t lda, const float* b, index_t ldb, float* c, index_t ldc, index_t i0, index_t i1,
-                         index_t j0, index_t j1, const epilogue<float>& ep, product_precision precision) {
+                         index_t j0, index_t j1, const epilogue<float>& ep, product_precision precision,
+                         double first_tile_share = 0) {
   if (i0 == 0 && i1 == m && j0 == 0 && j1 == n)
     gemm<float>(transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc, ep, precision);
   else
-    gemm_part<float>(transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb, c, ldc, i0, i1, j0, j1, ep, precision);
+    gemm_part<float>(transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb, c, ldc, i0, i1, j0, j1, ep, precision,
+                     first_tile_share);
 }
 
 // Whether head_backward_part gives the bits of the two products it replaces: gemm must run both on the blocked path
@@ -134,11 +136,12 @@ inline bool head_backward_fusable(index_t batch, index_t hidden, index_t out) {
 // Outputs o0 .. o0 + Count of head_backward_part over one vector of hidden units (`lanes` of them, at column j).
 // Rows go four at a time: dL/dhidden's chain over the outputs is Count dependent FMAs per row, and one row at a time
 // waited on the FMA's latency; four rows' chains interleave, while each weight gradient's chain still takes the rows
-// in order.
-template <int Count>
+// in order. The last group of outputs (Last) finishes dL/dhidden: the ReLU's backward on it, and where b1_grad is
+// set, b1's gradient summed over the rows in order from zero.
+template <int Count, bool Last>
 KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, const float* w2, float* w2_grad, float* dh,
-                                         index_t batch, index_t hidden, index_t out, index_t o0, index_t j,
-                                         int lanes) {
+                                         float* b1_grad, index_t batch, index_t hidden, index_t out, index_t o0,
+                                         index_t j, int lanes) {
   using S = gemm_detail::simd<float>;
   using Reg = typename S::reg;
   constexpr int rows_at_once = 4;
@@ -151,6 +154,7 @@ KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, cons
     weight[o] = load(w2 + (o0 + o) * hidden + j);
     weight_grad[o] = S::zero();
   }
+  Reg bias_grad = S::zero();
   const auto some_rows = [&]<int Rows>(index_t row) {
     Reg hidden_value[Rows], hidden_grad[Rows];
 #pragma GCC unroll 8
@@ -168,31 +172,55 @@ KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, cons
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) store(dh + (row + r) * hidden + j, hidden_grad[r]);
+    for (int r = 0; r < Rows; ++r) {
+      if constexpr (Last) {
+        hidden_grad[r] = S::relu_backward(hidden_value[r], hidden_grad[r]);
+        bias_grad = S::add(bias_grad, hidden_grad[r]);
+      }
+      store(dh + (row + r) * hidden + j, hidden_grad[r]);
+    }
   };
   index_t row = 0;
   for (; row + rows_at_once <= batch; row += rows_at_once) some_rows.template operator()<rows_at_once>(row);
   for (; row < batch; ++row) some_rows.template operator()<1>(row);
 #pragma GCC unroll 16
   for (int o = 0; o < Count; ++o) store(w2_grad + (o0 + o) * hidden + j, weight_grad[o]);
+  if (Last && b1_grad) store(b1_grad + j, bias_grad);
 }
 
-// W2's gradient (dL/dlogits^T h) and dL/dhidden (dL/dlogits W2) on hidden units [u0, u1), u0 a multiple of the vector
-// width, in one pass over the batch that broadcasts each element of dL/dlogits once for both and packs nothing. Where
-// head_backward_fusable holds, these are the bits of the two products (gemm_microkernel.hpp's chains: each element
-// summed over k in order from zero, the batch for W2's gradient and the outputs for dL/dhidden; a chain that runs on
-// across a group of outputs is stored and reloaded, which is exact). The MNIST MLP's, on one thread and hot caches:
-// 2.6 us, against 3.9 for the two gemm calls (bench/RESULTS.md).
+// W2's gradient (dL/dlogits^T h), dL/dhidden (dL/dlogits W2) through the hidden layer's ReLU, and b1's gradient (its
+// column sums), on hidden units [u0, u1), u0 a multiple of the vector width, in one pass over the batch that
+// broadcasts each element of dL/dlogits once for both products and packs nothing. Where head_backward_fusable holds,
+// these are the bits of the two products, activation_backward and sum_rows_part (gemm_microkernel.hpp's chains:
+// each element summed over k in order from zero, the batch for W2's gradient and the outputs for dL/dhidden; a chain
+// that runs on across a group of outputs is stored and reloaded, which is exact; the ReLU's backward is a select). b1's
+// sums are taken in the pass where sum_rows sums each column in one chain of rows in order, and by sum_rows_part
+// after it elsewhere. The MNIST MLP's, on one thread and hot caches: 2.6 us for the two products, against 3.9 for the
+// two gemm calls. In the two-thread step, separate ReLU and sum passes over a thread's half of the units took 1.2-1.8
+// us, more than one thread's 0.9-1.1 over all of them: they read the hidden layer's values again after the other
+// thread's head had read them (bench/RESULTS.md).
 inline void head_backward_part(const float* head, const float* h, const float* w2, float* w2_grad, float* dh,
-                               index_t batch, index_t hidden, index_t out, index_t u0, index_t u1) {
+                               float* b1_grad, index_t batch, index_t hidden, index_t out, index_t u0, index_t u1) {
   constexpr int width = gemm_detail::simd<float>::width;
   // Outputs go in groups whose weights and accumulators stay in registers beside 4 rows' values and gradients.
   constexpr int group = width >= 16 ? 10 : 4;
+  // sum_rows sums a column in one chain where its strip of 4 vectors has 3 or more: then the pass can add the rows.
+  const auto one_chain = [&](index_t j) {
+    const index_t strip = j / (4 * width) * (4 * width);
+    const index_t vecs = (std::min<index_t>(4 * width, hidden - strip) + width - 1) / width;
+    return reduce_kernels::sum_rows_chains(int(vecs)) == 1;
+  };
+  bool sums_in_pass = true;
+  for (index_t j = u0; j < u1; j += width) sums_in_pass &= one_chain(j);
+  float* const pass_sums = sums_in_pass ? b1_grad : nullptr;
   for (index_t j = u0; j < u1; j += width) {
     const int lanes = int(std::min<index_t>(width, u1 - j));
     for (index_t o0 = 0; o0 < out; o0 += group) {
       const auto outputs = [&]<int Count>() {
-        head_backward_outputs<Count>(head, h, w2, w2_grad, dh, batch, hidden, out, o0, j, lanes);
+        if (o0 + Count == out)
+          head_backward_outputs<Count, true>(head, h, w2, w2_grad, dh, pass_sums, batch, hidden, out, o0, j, lanes);
+        else
+          head_backward_outputs<Count, false>(head, h, w2, w2_grad, dh, nullptr, batch, hidden, out, o0, j, lanes);
       };
       [&]<int... Counts>(std::integer_sequence<int, Counts...>) {
         const int count = int(std::min<index_t>(group, out - o0));
@@ -200,6 +228,7 @@ inline void head_backward_part(const float* head, const float* h, const float* w
       }(std::make_integer_sequence<int, group>{});
     }
   }
+  if (!sums_in_pass) reduce_kernels::sum_rows_part(dh, b1_grad, batch, hidden, u0, u1, false);
 }
 
 // Thread `id` of `team`'s part of the step: hidden units [u0, u1). Every thread of the team calls it (the barriers),
@@ -227,9 +256,12 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
     timed[fused_mlp_parts::entering] = std::chrono::duration<double>(forward_start - step_start).count();
     part_start = forward_start;
   }
-  // The hidden layer's forward, this thread's columns: relu(x W1^T + b1).
+  // The hidden layer's forward, this thread's columns: relu(x W1^T + b1). Each thread reads every row of the batch,
+  // starting id / team of the way down: where a data loader shared out the batch's rows (data_loader), thread id's
+  // own rows are in its core's cache, and the two threads do not wait on the same lines from the other core at once
+  // (bench/RESULTS.md: 3-5 us off this product on two threads).
   product_part(false, true, batch, hidden, in, a.x, in, a.w1.value, in, h, hidden, 0, batch, u0, u1,
-               {a.b1.value, activation::relu, 0.0f}, a.precision);
+               {a.b1.value, activation::relu, 0.0f}, a.precision, double(id) / double(team));
   const auto forward_end = clock::now();
   part_done(fused_mlp_parts::forward);
 #pragma omp barrier
@@ -258,19 +290,20 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // in place and their bias gradient (as Dense<hidden, ReLU>'s backward), W2's update (only this thread reads these
   // columns of W2 after the barrier), then its rows of W1's gradient and the update of W1 and b1.
   if (head_backward_fusable(batch, hidden, out)) {
-    head_backward_part(head, h, a.w2.value, a.w2.grad, dh, batch, hidden, out, u0, u1);
+    head_backward_part(head, h, a.w2.value, a.w2.grad, dh, a.b1.grad, batch, hidden, out, u0, u1);
   } else {
     product_part(true, false, out, hidden, batch, head, out, h, hidden, a.w2.grad, hidden, 0, out, u0, u1, {},
                  a.precision);
     product_part(false, false, batch, hidden, out, head, out, a.w2.value, hidden, dh, hidden, 0, batch, u0, u1, {},
                  a.precision);
+    for (index_t row = 0; row < batch; ++row) {  // activation_backward's arithmetic, on this thread's columns
+      float* const dh_row = dh + row * hidden;
+      const float* const h_row = h + row * hidden;
+      for (index_t j = u0; j < u1; ++j)
+        dh_row[j] = activate_backward(activation::relu, 0.0f, h_row[j], dh_row[j], 0.0f);
+    }
+    reduce_kernels::sum_rows_part(dh, a.b1.grad, batch, hidden, u0, u1, false);
   }
-  for (index_t row = 0; row < batch; ++row) {  // activation_backward's arithmetic, on this thread's columns
-    float* const dh_row = dh + row * hidden;
-    const float* const h_row = h + row * hidden;
-    for (index_t j = u0; j < u1; ++j) dh_row[j] = activate_backward(activation::relu, 0.0f, h_row[j], dh_row[j], 0.0f);
-  }
-  reduce_kernels::sum_rows_part(dh, a.b1.grad, batch, hidden, u0, u1, false);
   for (index_t o = 0; o < out; ++o) adam_range(a.w2, o * hidden + u0, o * hidden + u1, a.adam);
   part_done(fused_mlp_parts::head_backward);
   product_part(true, false, hidden, in, batch, dh, hidden, a.x, in, a.w1.grad, in, u0, u1, 0, in, {}, a.precision);

@@ -599,12 +599,15 @@ bool gemm_splits(bool transpose_a, bool transpose_b, index_t m, index_t n, index
 // Rows [i0, i1) x columns [j0, j1) of the C that gemm computes with these arguments and beta 0, on the calling
 // thread, with the bits gemm gives those elements: for a caller that shares one product out over threads of its own
 // (a fused training step's parallel region, fused_mlp.hpp). The product must be one that gemm_splits accepts, and i0
-// and j0 multiples of 16 (the AMX tiles); C must have ldc >= n, as gemm_splits assumed.
+// and j0 multiples of 16 (the AMX tiles); C must have ldc >= n, as gemm_splits assumed. On the blocked path the
+// sweep over the row tiles starts first_tile_share (of 1) of the way down, wrapping round (gemm_blocked): the order
+// of the tiles, never their bits.
 template <class T>
 void gemm_part(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
                const T* b, index_t ldb, T* c, index_t ldc, index_t i0, index_t i1, index_t j0, index_t j1,
                const epilogue<T>& ep = {},
-               [[maybe_unused]] product_precision precision = product_precision::single) {
+               [[maybe_unused]] product_precision precision = product_precision::single,
+               double first_tile_share = 0) {
   using gemm_detail::gemm_route;
   if (!gemm_splits<T>(transpose_a, transpose_b, m, n, k) || ldc < n)
     fail("gemm_part: expected a product that gemm runs blocked or on AMX tiles, with ldc >= n, found ", m, " x ", n,
@@ -623,7 +626,7 @@ void gemm_part(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t
   }
 #endif
   const gemm_detail::gemm_problem<T> g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, T(0), c, ldc, &ep};
-  gemm_detail::gemm_blocked(g, i0, i1, j0, j1);
+  gemm_detail::gemm_blocked(g, i0, i1, j0, j1, first_tile_share);
 }
 
 }  // namespace kiln::kernels::cpu

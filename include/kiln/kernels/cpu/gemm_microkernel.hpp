@@ -119,6 +119,12 @@ struct simd_portable {
     for (int l = 0; l < width; ++l) r.v[l] = activate(activation::leaky_relu, x.v[l], slope);
     return r;
   }
+  // The ReLU's backward: y > 0 ? dy : +0, from its output y.
+  static KILN_ALWAYS_INLINE reg relu_backward(const reg& y, const reg& dy) {
+    reg r;
+    for (int l = 0; l < width; ++l) r.v[l] = activate_backward(activation::relu, T(0), y.v[l], dy.v[l], T(0));
+    return r;
+  }
   // reg is an array, not a register: hide it through memory.
   static KILN_ALWAYS_INLINE void opaque(reg& x) {
 #if defined(__GNUC__)
@@ -173,6 +179,10 @@ struct simd<float> {
   static KILN_ALWAYS_INLINE reg leaky_relu(reg x, float slope) {
     return _mm512_mask_mov_ps(mul(x, set1(slope)), _mm512_cmp_ps_mask(x, zero(), _CMP_GT_OQ), x);
   }
+  // y > 0 ? dy : +0 (the ReLU's backward from its output), NaN y -> +0 like the scalar comparison.
+  static KILN_ALWAYS_INLINE reg relu_backward(reg y, reg dy) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, zero(), _CMP_GT_OQ), dy);
+  }
   static KILN_ALWAYS_INLINE void opaque(reg& x) { gemm_detail::opaque(x); }
 };
 
@@ -212,6 +222,9 @@ struct simd<double> {
   }
   static KILN_ALWAYS_INLINE reg leaky_relu(reg x, double slope) {
     return _mm512_mask_mov_pd(mul(x, set1(slope)), _mm512_cmp_pd_mask(x, zero(), _CMP_GT_OQ), x);
+  }
+  static KILN_ALWAYS_INLINE reg relu_backward(reg y, reg dy) {
+    return _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(y, zero(), _CMP_GT_OQ), dy);
   }
   static KILN_ALWAYS_INLINE void opaque(reg& x) { gemm_detail::opaque(x); }
 };
@@ -257,6 +270,9 @@ struct simd<float> {
   static KILN_ALWAYS_INLINE reg leaky_relu(reg x, float slope) {
     return _mm256_blendv_ps(mul(x, set1(slope)), x, _mm256_cmp_ps(x, zero(), _CMP_GT_OQ));
   }
+  static KILN_ALWAYS_INLINE reg relu_backward(reg y, reg dy) {
+    return _mm256_and_ps(_mm256_cmp_ps(y, zero(), _CMP_GT_OQ), dy);
+  }
   static KILN_ALWAYS_INLINE void opaque(reg& x) { gemm_detail::opaque(x); }
 };
 
@@ -284,6 +300,9 @@ struct simd<double> {
   static KILN_ALWAYS_INLINE reg relu(reg x) { return _mm256_and_pd(_mm256_cmp_pd(x, zero(), _CMP_GT_OQ), x); }
   static KILN_ALWAYS_INLINE reg leaky_relu(reg x, double slope) {
     return _mm256_blendv_pd(mul(x, set1(slope)), x, _mm256_cmp_pd(x, zero(), _CMP_GT_OQ));
+  }
+  static KILN_ALWAYS_INLINE reg relu_backward(reg y, reg dy) {
+    return _mm256_and_pd(_mm256_cmp_pd(y, zero(), _CMP_GT_OQ), dy);
   }
   static KILN_ALWAYS_INLINE void opaque(reg& x) { gemm_detail::opaque(x); }
 };
