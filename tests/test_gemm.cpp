@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "kiln/core/memory.hpp"
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
@@ -267,6 +268,47 @@ TEST_CASE_TEMPLATE("gemm on a prepacked B gives gemm's bits, on one thread and t
                                           prepacked.data(), pr.ldc, ep);
         CHECK(bitwise_equal(plain, prepacked));
       }
+    }
+  }
+  set_num_threads(saved);
+}
+
+TEST_CASE_TEMPLATE("a short product swept panel by panel over groups of A's tiles has the blocked loops' bits", T, float,
+                   double) {
+  // Weight gradients over a small batch, dL/dY^T X: op(A) = A^T (m x k), B (k x n) row-major on 64-byte lines. With
+  // B where gemm_short_k reads it in place (aligned rows, a multiple of 64 bytes apart but not of 256, under a page),
+  // against the same B one element off a line, which the blocked loops pack. The MNIST MLP's 128 x 784 x 64; a
+  // partial row tile and a partial column panel (50 x 400 x 30); several groups of tiles (200 x 784 x 64 in float);
+  // a row split on two threads.
+  const int saved = num_threads();
+  const index_t n_fit = sizeof(T) == 4 ? 784 : 200;  // rows 3136 / 1600 bytes apart
+  for (const auto& s : {size3{128, n_fit, 64}, size3{50, sizeof(T) == 4 ? 400 : 200, 30}, size3{200, n_fit, 40}}) {
+    CAPTURE(s.m);
+    CAPTURE(s.n);
+    CAPTURE(s.k);
+    const auto a = random_values<T>(std::size_t(s.k * s.m), 71);
+    const auto b = random_values<T>(std::size_t(s.k * s.n), 72);
+    const auto bias = random_values<T>(std::size_t(s.n), 73);
+    aligned_buffer<T> b_aligned(s.k * s.n), b_off(s.k * s.n + 1);
+    std::copy(b.begin(), b.end(), b_aligned.data());
+    std::copy(b.begin(), b.end(), b_off.data() + 1);
+    const epilogue<T> ep{bias.data(), activation::leaky_relu, T(0.1)};
+    using kernels::cpu::gemm_detail::gemm_problem;
+    const auto problem_on = [&](const T* b_data) {
+      return gemm_problem<T>{true, false, s.m, s.n, s.k, T(1), a.data(), s.m, b_data, s.n, T(0), nullptr, s.n, &ep};
+    };
+    REQUIRE(kernels::cpu::gemm_detail::short_k_path(problem_on(b_aligned.data()), s.m, false));
+    REQUIRE_FALSE(kernels::cpu::gemm_detail::short_k_path(problem_on(b_off.data() + 1), s.m, false));
+    for (int threads : {1, 2}) {
+      CAPTURE(threads);
+      set_num_threads(threads);
+      const auto c0 = random_values<T>(std::size_t(s.m * s.n), 74);
+      std::vector<T> in_place = c0, packed = c0;
+      gemm<T>(true, false, s.m, s.n, s.k, T(0.75), a.data(), s.m, b_aligned.data(), s.n, T(0.5), in_place.data(), s.n,
+              ep);
+      gemm<T>(true, false, s.m, s.n, s.k, T(0.75), a.data(), s.m, b_off.data() + 1, s.n, T(0.5), packed.data(), s.n,
+              ep);
+      CHECK(bitwise_equal(in_place, packed));
     }
   }
   set_num_threads(saved);
