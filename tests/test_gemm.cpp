@@ -273,8 +273,8 @@ TEST_CASE_TEMPLATE("gemm on a prepacked B gives gemm's bits, on one thread and t
   set_num_threads(saved);
 }
 
-TEST_CASE_TEMPLATE("a short product swept panel by panel over groups of A's tiles has the blocked loops' bits", T, float,
-                   double) {
+TEST_CASE_TEMPLATE("a short product swept panel by panel over groups of A's tiles has the blocked loops' bits", T,
+                   float, double) {
   // Weight gradients over a small batch, dL/dY^T X: op(A) = A^T (m x k), B (k x n) row-major on 64-byte lines. With
   // B where gemm_short_k reads it in place (aligned rows, a multiple of 64 bytes apart but not of 256, under a page),
   // against the same B one element off a line, which the blocked loops pack. The MNIST MLP's 128 x 784 x 64; a

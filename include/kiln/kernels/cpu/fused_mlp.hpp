@@ -14,8 +14,9 @@
 // The arithmetic is the layer-by-layer step's: each product runs the kernel and path gemm takes for the whole product
 // (a part of it where it is split; the head's two backward products, where gemm runs them blocked, in one pass of
 // the same FMA chains that also takes the ReLU's backward and b1's sums, head_backward_part), and the loss, the
-// ReLU's backward, the bias sums and Adam are the same arithmetic over the same values, in the same order. The losses, parameters and gradients are those of
-// Sequential::train_step with Adam, bit for bit, on any number of threads (tests/test_fused_mlp.cpp).
+// ReLU's backward, the bias sums and Adam are the same arithmetic over the same values, in the same order. The losses,
+// parameters and gradients are those of Sequential::train_step with Adam, bit for bit, on any number of threads
+// (tests/test_fused_mlp.cpp).
 #pragma once
 
 #include <algorithm>
@@ -204,14 +205,10 @@ inline void head_backward_part(const float* head, const float* h, const float* w
   constexpr int width = gemm_detail::simd<float>::width;
   // Outputs go in groups whose weights and accumulators stay in registers beside 4 rows' values and gradients.
   constexpr int group = width >= 16 ? 10 : 4;
-  // sum_rows sums a column in one chain where its strip of 4 vectors has 3 or more: then the pass can add the rows.
-  const auto one_chain = [&](index_t j) {
-    const index_t strip = j / (4 * width) * (4 * width);
-    const index_t vecs = (std::min<index_t>(4 * width, hidden - strip) + width - 1) / width;
-    return reduce_kernels::sum_rows_chains(int(vecs)) == 1;
-  };
+  // The pass adds the rows in order, which is sum_rows' arithmetic where it sums each of these columns in one chain.
   bool sums_in_pass = true;
-  for (index_t j = u0; j < u1; j += width) sums_in_pass &= one_chain(j);
+  for (index_t j = u0; j < u1; j += width)
+    sums_in_pass &= reduce_kernels::sum_rows_column_chains<float>(hidden, j) == 1;
   float* const pass_sums = sums_in_pass ? b1_grad : nullptr;
   for (index_t j = u0; j < u1; j += width) {
     const int lanes = int(std::min<index_t>(width, u1 - j));

@@ -195,7 +195,9 @@ bool short_k_path(const gemm_problem<T>& g, index_t rows, bool a_in_place) {
   const index_t row_bytes = g.ldb * index_t(sizeof(T));
   const bool rows_fit = row_bytes % 64 == 0 && row_bytes % 256 != 0 && row_bytes < 4096 &&
                         reinterpret_cast<std::uintptr_t>(g.b) % 64 == 0;
-  return !g.transpose_b && !g.b_packed && !a_in_place && rows_fit &&
+  // gemm_short_k finishes every tile in one pass over k: one k block (which the group budget implies on every
+  // target, k <= 320 floats or 160 doubles against blocks of 512 and 256, but which that pass relies on).
+  return !g.transpose_b && !g.b_packed && !a_in_place && rows_fit && g.k <= k_block_depth<T>(g.k) &&
          4 * tile_bytes <= short_k_group_bytes && ceil_div(rows, mr) > 2;
 }
 

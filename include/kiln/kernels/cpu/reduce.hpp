@@ -20,6 +20,13 @@ struct reduce_kernels {
   // old value when accumulating: the order depends on the shape alone.
   // (Also called by the CUDA column sums, which follow this order.)
   KILN_HOST_DEVICE static constexpr int sum_rows_chains(int vecs) { return vecs == 1 ? 4 : vecs == 2 ? 2 : 1; }
+  // The number of chains in which sum_rows sums column `column` of a matrix `cols` wide: its strip's.
+  template <class T>
+  static int sum_rows_column_chains(index_t cols, index_t column) {
+    constexpr index_t W = gemm_detail::simd<T>::width, strip_width = 4 * W;
+    const index_t s0 = column / strip_width * strip_width;
+    return sum_rows_chains(int((std::min(strip_width, cols - s0) + W - 1) / W));
+  }
   template <class T>
   static void sum_rows(const T* x, T* column_sums, index_t rows, index_t cols, bool accumulate) {
     constexpr int W = gemm_detail::simd<T>::width;
@@ -41,10 +48,9 @@ struct reduce_kernels {
                             bool accumulate) {
     constexpr index_t W = gemm_detail::simd<T>::width, strip_width = 4 * W;
     for (index_t s0 = c0 / strip_width * strip_width; s0 < c1; s0 += strip_width) {
-      const int whole_vecs = int((std::min(strip_width, cols - s0) + W - 1) / W);
       const index_t begin = std::max(c0, s0), end = std::min(c1, s0 + strip_width);
       const int strip = int(end - begin), vecs = int((strip + W - 1) / W);
-      switch (sum_rows_chains(whole_vecs)) {
+      switch (sum_rows_column_chains<T>(cols, s0)) {
         case 4: sum_rows_vectors<4>(vecs, x + begin, column_sums + begin, rows, cols, strip, accumulate); break;
         case 2: sum_rows_vectors<2>(vecs, x + begin, column_sums + begin, rows, cols, strip, accumulate); break;
         default: sum_rows_vectors<1>(vecs, x + begin, column_sums + begin, rows, cols, strip, accumulate); break;
