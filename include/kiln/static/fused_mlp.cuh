@@ -111,8 +111,6 @@ class fused_mlp_trainer<Net, false> {
   void enqueue_train_step(resident_t, tensor_view<const float> x, tensor_view<const std::int64_t> labels,
                           float* loss_out) {
     const index_t batch = detail::check_fused_mlp_batch(net_, x, labels);
-    const cudaStream_t stream = kiln::cuda::current_stream();
-    KILN_CUDA_CHECK(cudaMemsetAsync(bad_label_.data(), 0xff, sizeof(long long), stream));
     arguments_.x = x.data();
     arguments_.labels = labels.data();
     arguments_.batch = batch;

@@ -48,7 +48,7 @@ struct fused_mlp_step_arguments {
   float* hidden_values;            // batch x hidden scratch: the hidden layer's output
   long long* step;                 // Adam's steps taken so far; the launch advances it by one
   float* loss;                     // the batch's loss, reduction mean
-  long long* bad_label;            // the lowest row whose label is outside [0, out) is atomicMin'ed in
+  long long* bad_label;            // cleared by the step, then the lowest row whose label is outside [0, out)
   float loss_scale;                // 1 / batch, as the loss kernels' reduction_scale gives it
   adam_step_args<float> adam;      // lr, betas, eps, weight decay, decoupled; step and amsgrad unused
 };
@@ -62,37 +62,47 @@ struct fused_adam {
   adam_constants<float> c;
   __device__ fused_adam(const adam_step_args<float>& args, long long step)
       : a(args), c(adam_constants_at(args, step)) {}
-  // Stores grads[k] as the gradient and updates value and moments at index[k] of p, for the first `count` of N
-  // elements. Every load is issued before any store, since the compiler may not move a load above a store to memory
-  // that might alias it, and loads one after another would each wait for the last (with 8 units per block, the MNIST
-  // MLP's step went from 115.8 to 101.7 us on an H100).
+  // The values and moments of up to N elements, loaded before the gradient is known so that their round trips overlap
+  // the gradient's own loads.
   template <int N>
-  __device__ void update(const fused_parameter& p, const index_t (&index)[N], const float (&grads)[N],
-                         int count) const {
+  struct state {
     float value[N], m[N], v[N];
+  };
+  // Loads the first `count` of N elements at index[k] of p. Every load is issued before any store, since the compiler
+  // may not move a load above a store to memory that might alias it, and loads one after another would each wait for
+  // the last (with 8 units per block, the MNIST MLP's step went from 115.8 to 101.7 us on an H100).
+  template <int N>
+  __device__ void load(const fused_parameter& p, const index_t (&index)[N], int count, state<N>& s) const {
 #pragma unroll
     for (int k = 0; k < N; ++k)
       if (k < count) {
-        value[k] = p.value[index[k]];
-        m[k] = p.exp_avg[index[k]];
-        v[k] = p.exp_avg_sq[index[k]];
+        s.value[k] = p.value[index[k]];
+        s.m[k] = p.exp_avg[index[k]];
+        s.v[k] = p.exp_avg_sq[index[k]];
       }
+  }
+  // Stores grads[k] as the gradient and the updated value and moments of the elements that load read.
+  template <int N>
+  __device__ void store(const fused_parameter& p, const index_t (&index)[N], const float (&grads)[N], int count,
+                        state<N>& s) const {
 #pragma unroll
     for (int k = 0; k < N; ++k)
       if (k < count) {
         float g = grads[k];
         p.grad[index[k]] = g;
-        step(value[k], m[k], v[k], g);
-        p.exp_avg[index[k]] = m[k];
-        p.exp_avg_sq[index[k]] = v[k];
-        p.value[index[k]] = value[k];
+        step(s.value[k], s.m[k], s.v[k], g);
+        p.exp_avg[index[k]] = s.m[k];
+        p.exp_avg_sq[index[k]] = s.v[k];
+        p.value[index[k]] = s.value[k];
       }
   }
-  // The same for the one element at index i.
+  // Both for the one element at index i.
   __device__ void update(const fused_parameter& p, index_t i, float g) const {
     const index_t index[1] = {i};
     const float grads[1] = {g};
-    update(p, index, grads, 1);
+    state<1> s;
+    load(p, index, 1, s);
+    store(p, index, grads, 1, s);
   }
   // One element's update: adam_element, as adam_op (amsgrad off).
   __device__ void step(float& value, float& m, float& v, float g) const {
@@ -102,98 +112,155 @@ struct fused_adam {
 };
 
 // Dynamic shared memory of a block of `units` hidden units, in floats: its W1 rows, the batch's dL/dlogits, its
-// units' dL/dhidden and its columns of dW2.
+// units' hidden values and dL/dhidden, and its columns of dW2.
 inline index_t fused_mlp_shared_floats(int units, index_t batch, index_t in, index_t out) {
-  return units * in + batch * out + batch * units + out * units;
+  return units * in + batch * out + 2 * batch * units + out * units;
 }
 
-// The loops over samples and inputs are unrolled so that their loads (L2 round trips: the batch and the hidden values
-// are shared by every block) are in flight together rather than one after another.
-template <int units>
-__global__ void __launch_bounds__(fused_mlp_threads) fused_mlp_step_kernel(fused_mlp_step_arguments g) {
+// Samples a warp takes at once in the forward product, and classes of the head's widest kernel for a head of `out`.
+inline constexpr int fused_mlp_forward_samples = 8;
+inline constexpr int fused_mlp_head_width(index_t out) { return out <= 16 ? 16 : 32; }
+
+// Rows of x and of the hidden values are shared by every block and read from L2, so a warp keeps many of those loads
+// in flight at once: it takes several samples together (8 in the forward, 64 / head_width in the head), and the dW1
+// sums run 32 samples to an unrolled group, with Adam's loads issued before them. Each sample's sums are added in the
+// same order whatever the grouping (the lanes along the inputs or hidden units, then warp_reduce's butterfly), so the
+// step's bits do not depend on it.
+template <int units, int head_width>
+__global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fused_mlp_step_arguments g) {
   namespace cg = cooperative_groups;
   extern __shared__ float shared[];
   constexpr int warps = fused_mlp_threads / 32;
+  constexpr int forward_samples = fused_mlp_forward_samples;
+  constexpr int head_samples = 64 / head_width;
   float* w1_rows = shared;                          // units x in
   float* dlogits = w1_rows + units * g.in;          // batch x out
-  float* dhidden = dlogits + g.batch * g.out;       // batch x units
+  float* my_hidden = dlogits + g.batch * g.out;     // batch x units: this block's hidden values
+  float* dhidden = my_hidden + g.batch * units;     // batch x units
   float* dw2_columns = dhidden + g.batch * units;   // out x units
   const int thread = threadIdx.x, lane = thread % 32, warp = thread / 32;
   const index_t first_unit = index_t(blockIdx.x) * units;
   const int my_units = int(g.hidden - first_unit < units ? g.hidden - first_unit : units);
-  // Every block reads the count now; block 0 writes the new one after the last barrier.
+  // Every block reads the count now; block 0 writes the new one after the last barrier. Block 0 alone flags bad
+  // labels, after the first barrier, so it clears the flag here rather than a memset launch before each step.
   const long long step = *g.step + 1;
   const fused_adam adam(g.adam, step);
+  if (blockIdx.x == 0 && thread == 0) *g.bad_label = -1;
 
-  // Forward, hidden layer: hidden[s, u] = relu(b1[u] + x[s, :] . W1[u, :]) for this block's units, a warp per sample,
-  // its lanes along the inputs.
+  // The batch's first reads come from device memory: every block asks for its share of the lines now, so that they
+  // are in L2 by the time the warps read them.
+  {
+    constexpr index_t line_floats = 32;
+    const index_t lines = (g.batch * g.in + line_floats - 1) / line_floats;
+    for (index_t line = index_t(blockIdx.x) * fused_mlp_threads + thread; line < lines;
+         line += index_t(gridDim.x) * fused_mlp_threads)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(g.x + line * line_floats));
+  }
+
+  // Forward, hidden layer: hidden[s, u] = relu(b1[u] + x[s, :] . W1[u, :]) for this block's units, a warp per group
+  // of samples (s = warp + warps * k), its lanes along the inputs. A group past the batch's end reads the last row and
+  // drops the sums.
   for (index_t i = thread; i < units * g.in; i += fused_mlp_threads) {
     const index_t u = i / g.in;
     w1_rows[i] = u < my_units ? g.w1.value[(first_unit + u) * g.in + i % g.in] : 0.0f;
   }
   __syncthreads();
-  for (index_t s = warp; s < g.batch; s += warps) {
-    float sums[units] = {};
-    const float* x = g.x + s * g.in;
-#pragma unroll 4
-    for (index_t f = lane; f < g.in; f += 32) {
-      const float value = x[f];
+  for (index_t first = warp; first < g.batch; first += warps * forward_samples) {
+    float sums[forward_samples][units] = {};
+    const float* rows[forward_samples];
 #pragma unroll
-      for (int u = 0; u < units; ++u) sums[u] += value * w1_rows[u * g.in + f];
+    for (int k = 0; k < forward_samples; ++k) {
+      const index_t s = first + warps * k;
+      rows[k] = g.x + (s < g.batch ? s : g.batch - 1) * g.in;
+    }
+#pragma unroll 2
+    for (index_t f = lane; f < g.in; f += 32) {
+      float w[units];
+#pragma unroll
+      for (int u = 0; u < units; ++u) w[u] = w1_rows[u * g.in + f];
+#pragma unroll
+      for (int k = 0; k < forward_samples; ++k) {
+        const float value = rows[k][f];
+#pragma unroll
+        for (int u = 0; u < units; ++u) sums[k][u] += value * w[u];
+      }
     }
 #pragma unroll
-    for (int u = 0; u < units; ++u) {
-      const float total = warp_reduce(sums[u], sum_op{});
-      if (lane == u && u < my_units) {
-        const float z = total + g.b1.value[first_unit + u];
-        g.hidden_values[s * g.hidden + first_unit + u] = z > 0.0f ? z : 0.0f;
+    for (int k = 0; k < forward_samples; ++k) {
+      const index_t s = first + warps * k;
+      if (s >= g.batch) break;
+#pragma unroll
+      for (int u = 0; u < units; ++u) {
+        const float total = warp_reduce(sums[k][u], sum_op{});
+        if (lane == u && u < my_units) {
+          const float z = total + g.b1.value[first_unit + u];
+          const float h = z > 0.0f ? z : 0.0f;
+          g.hidden_values[s * g.hidden + first_unit + u] = h;
+          my_hidden[s * units + u] = h;
+        }
       }
     }
   }
   cg::this_grid().sync();
 
-  // Head, loss and dL/dlogits of the whole batch, in every block: a warp per sample. __ldcg reads the hidden values
-  // from L2, past this SM's L1, since other blocks wrote them during this launch.
+  // Head, loss and dL/dlogits of the whole batch, in every block: a warp per group of samples, its lanes along the
+  // hidden units. __ldcg reads the hidden values from L2, past this SM's L1, since other blocks wrote them during this
+  // launch. The loss adds each warp's samples in increasing order.
   double block_loss = 0;
-  for (index_t s = warp; s < g.batch; s += warps) {
-    // Each lane loads its hidden values once and adds them into every class's sum: lanes along the hidden units.
-    const float* hidden = g.hidden_values + s * g.hidden;
-    float sums[fused_mlp_max_out] = {};
+  for (index_t first = warp; first < g.batch; first += warps * head_samples) {
+    float sums[head_samples][head_width] = {};
+    const float* hidden[head_samples];
+#pragma unroll
+    for (int k = 0; k < head_samples; ++k) {
+      const index_t s = first + warps * k;
+      hidden[k] = g.hidden_values + (s < g.batch ? s : g.batch - 1) * g.hidden;
+    }
 #pragma unroll 2
     for (index_t h = lane; h < g.hidden; h += 32) {
-      const float value = __ldcg(hidden + h);
+      float values[head_samples];
 #pragma unroll
-      for (int c = 0; c < fused_mlp_max_out; ++c)
-        if (c < g.out) sums[c] += value * g.w2.value[c * g.hidden + h];
-    }
-    float logit = 0.0f;  // lane c keeps logit c
+      for (int k = 0; k < head_samples; ++k) values[k] = __ldcg(hidden[k] + h);
 #pragma unroll
-    for (int c = 0; c < fused_mlp_max_out; ++c) {
-      if (c >= g.out) break;
-      const float total = warp_reduce(sums[c], sum_op{}) + g.b2.value[c];
-      if (lane == c) logit = total;
+      for (int c = 0; c < head_width; ++c)
+        if (c < g.out) {
+          const float w = g.w2.value[c * g.hidden + h];
+#pragma unroll
+          for (int k = 0; k < head_samples; ++k) sums[k][c] += values[k] * w;
+        }
     }
-    const bool in_row = lane < g.out;
-    const float max_value = warp_reduce(in_row ? logit : -INFINITY, max_op{});
-    const float exp_sum = warp_reduce(in_row ? expf(logit - max_value) : 0.0f, sum_op{});
-    const std::int64_t label = g.labels[s];
-    const bool valid = label >= 0 && label < g.out;
-    if (!valid && lane == 0 && blockIdx.x == 0)
-      atomicMin(reinterpret_cast<unsigned long long*>(g.bad_label), static_cast<unsigned long long>(s));
-    const float label_logit = __shfl_sync(0xffffffffu, logit, valid ? int(label) : 0);
-    // log(sum) - (x[label] - max) and (softmax - onehot) * factor, as softmax_cross_entropy_kernel computes them.
-    if (lane == 0 && valid) block_loss += double(logf(exp_sum) - (label_logit - max_value));
-    if (in_row) {
-      const float factor = g.loss_scale;
-      const float p = expf(logit - max_value) * (1.0f / exp_sum) * factor;
-      dlogits[s * g.out + lane] = valid && lane == label ? p - factor : p;
+#pragma unroll
+    for (int k = 0; k < head_samples; ++k) {
+      const index_t s = first + warps * k;
+      if (s >= g.batch) break;
+      float logit = 0.0f;  // lane c keeps logit c
+#pragma unroll
+      for (int c = 0; c < head_width; ++c) {
+        if (c >= g.out) break;
+        const float total = warp_reduce(sums[k][c], sum_op{}) + g.b2.value[c];
+        if (lane == c) logit = total;
+      }
+      const bool in_row = lane < g.out;
+      const float max_value = warp_reduce(in_row ? logit : -INFINITY, max_op{});
+      const float exp_sum = warp_reduce(in_row ? expf(logit - max_value) : 0.0f, sum_op{});
+      const std::int64_t label = g.labels[s];
+      const bool valid = label >= 0 && label < g.out;
+      if (!valid && lane == 0 && blockIdx.x == 0)
+        atomicMin(reinterpret_cast<unsigned long long*>(g.bad_label), static_cast<unsigned long long>(s));
+      const float label_logit = __shfl_sync(0xffffffffu, logit, valid ? int(label) : 0);
+      // log(sum) - (x[label] - max) and (softmax - onehot) * factor, as softmax_cross_entropy_kernel computes them.
+      if (lane == 0 && valid) block_loss += double(logf(exp_sum) - (label_logit - max_value));
+      if (in_row) {
+        const float factor = g.loss_scale;
+        const float p = expf(logit - max_value) * (1.0f / exp_sum) * factor;
+        dlogits[s * g.out + lane] = valid && lane == label ? p - factor : p;
+      }
     }
   }
   block_loss = block_reduce(block_loss, sum_op{}, 0.0);  // also the barrier that publishes dlogits
   if (blockIdx.x == 0 && thread == 0) *g.loss = static_cast<float>(block_loss) * g.loss_scale;
 
   // Backward through this block's units: dL/dhidden (through the ReLU: the output is positive where it passed), the
-  // head's weight columns, the biases.
+  // head's weight columns, the biases. The block's own hidden values wait in shared memory since the forward.
   for (index_t i = thread; i < g.batch * units; i += fused_mlp_threads) {
     const index_t s = i / units;
     const int u = int(i % units);
@@ -201,7 +268,7 @@ __global__ void __launch_bounds__(fused_mlp_threads) fused_mlp_step_kernel(fused
     if (u < my_units) {
       const index_t h = first_unit + u;
       for (index_t c = 0; c < g.out; ++c) d += dlogits[s * g.out + c] * g.w2.value[c * g.hidden + h];
-      if (!(__ldcg(g.hidden_values + s * g.hidden + h) > 0.0f)) d = 0.0f;
+      if (!(my_hidden[i] > 0.0f)) d = 0.0f;
     }
     dhidden[i] = d;
   }
@@ -210,31 +277,33 @@ __global__ void __launch_bounds__(fused_mlp_threads) fused_mlp_step_kernel(fused
     const int u = int(i % units);
     float d = 0.0f;
     if (u < my_units) {
-      const float* hidden = g.hidden_values + first_unit + u;
 #pragma unroll 16
-      for (index_t s = 0; s < g.batch; ++s) d += dlogits[s * g.out + c] * __ldcg(hidden + s * g.hidden);
+      for (index_t s = 0; s < g.batch; ++s) d += dlogits[s * g.out + c] * my_hidden[s * units + u];
     }
     dw2_columns[i] = d;
   }
   __syncthreads();
   if (thread < my_units) {
     float d = 0.0f;
+#pragma unroll 16
     for (index_t s = 0; s < g.batch; ++s) d += dhidden[s * units + thread];
     adam.update(g.b1, first_unit + thread, d);
   }
   // dW1 rows, each thread a column of inputs: dW1[u, f] = sum over samples of dhidden[s, u] x[s, f]; then Adam.
   for (index_t f = thread; f < g.in; f += fused_mlp_threads) {
+    index_t index[units];
+#pragma unroll
+    for (int u = 0; u < units; ++u) index[u] = (first_unit + u) * g.in + f;
+    fused_adam::state<units> state;
+    adam.load(g.w1, index, my_units, state);
     float sums[units] = {};
-#pragma unroll 16
+#pragma unroll 32
     for (index_t s = 0; s < g.batch; ++s) {
       const float value = g.x[s * g.in + f];
 #pragma unroll
       for (int u = 0; u < units; ++u) sums[u] += dhidden[s * units + u] * value;
     }
-    index_t index[units];
-#pragma unroll
-    for (int u = 0; u < units; ++u) index[u] = (first_unit + u) * g.in + f;
-    adam.update(g.w1, index, sums, my_units);
+    adam.store(g.w1, index, sums, my_units, state);
   }
   cg::this_grid().sync();
 
@@ -269,24 +338,28 @@ inline int fused_mlp_auto_units(index_t hidden) {
 }
 
 namespace detail {
-// The kernel for 1, 2, 4 or 8 units per block.
+// The kernel for 1, 2, 4 or 8 units per block, its head as wide as a head of `out` classes needs.
+template <int head_width>
 inline const void* fused_mlp_kernel_for(int units) {
   switch (units) {
-    case 1: return reinterpret_cast<const void*>(fused_mlp_step_kernel<1>);
-    case 2: return reinterpret_cast<const void*>(fused_mlp_step_kernel<2>);
-    case 4: return reinterpret_cast<const void*>(fused_mlp_step_kernel<4>);
-    case 8: return reinterpret_cast<const void*>(fused_mlp_step_kernel<8>);
+    case 1: return reinterpret_cast<const void*>(fused_mlp_step_kernel<1, head_width>);
+    case 2: return reinterpret_cast<const void*>(fused_mlp_step_kernel<2, head_width>);
+    case 4: return reinterpret_cast<const void*>(fused_mlp_step_kernel<4, head_width>);
+    case 8: return reinterpret_cast<const void*>(fused_mlp_step_kernel<8, head_width>);
     default: fail("fused MLP step: expected 1, 2, 4 or 8 hidden units per block, found ", units);
   }
+}
+inline const void* fused_mlp_kernel_for(int units, index_t out) {
+  return fused_mlp_head_width(out) == 16 ? fused_mlp_kernel_for<16>(units) : fused_mlp_kernel_for<32>(units);
 }
 }  // namespace detail
 
 // Throws a kiln::error naming what does not fit: a head wider than 32 classes, a grid larger than the device holds at
 // once (a cooperative launch needs every block resident), or shared memory beyond the block's limit.
 inline void check_fused_mlp(index_t batch, index_t in, index_t hidden, index_t out, int units) {
-  const void* kernel = detail::fused_mlp_kernel_for(units);
   if (out < 1 || out > fused_mlp_max_out)
     fail("fused MLP step: expected at most ", fused_mlp_max_out, " outputs (a warp's lanes), found ", out);
+  const void* kernel = detail::fused_mlp_kernel_for(units, out);
   const std::size_t shared_bytes =
       std::size_t(detail::fused_mlp_shared_floats(units, batch, in, out)) * sizeof(float);
   int device = 0, shared_limit = 0, cooperative = 0;
@@ -308,13 +381,13 @@ inline void check_fused_mlp(index_t batch, index_t in, index_t hidden, index_t o
 }
 
 // Enqueues one fused step on kiln's stream, `units` hidden units to a block; nothing waits. The caller has checked
-// the sizes (check_fused_mlp with the largest batch) and preset *bad_label to all bits set.
+// the sizes (check_fused_mlp with the largest batch). The step clears *bad_label itself.
 inline void fused_mlp_step(const fused_mlp_step_arguments& arguments, int units) {
   const fused_mlp_step_arguments& a = arguments;
   const std::size_t shared_bytes =
       std::size_t(detail::fused_mlp_shared_floats(units, a.batch, a.in, a.out)) * sizeof(float);
   void* parameters[] = {const_cast<fused_mlp_step_arguments*>(&a)};
-  KILN_CUDA_CHECK(cudaLaunchCooperativeKernel(detail::fused_mlp_kernel_for(units),
+  KILN_CUDA_CHECK(cudaLaunchCooperativeKernel(detail::fused_mlp_kernel_for(units, a.out),
                                               dim3(unsigned(fused_mlp_blocks(a.hidden, units))),
                                               dim3(fused_mlp_threads), parameters, shared_bytes,
                                               kiln::cuda::current_stream()));
