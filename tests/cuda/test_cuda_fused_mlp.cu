@@ -102,6 +102,57 @@ TEST_CASE("the fused step gives the same training with 1, 2, 4 or 8 hidden units
   CHECK_THROWS_AS(trainer.set_units_per_block(3), kiln::error);
 }
 
+TEST_CASE("the fused step's bits do not depend on the hidden units per block") {
+  // Each sample's sums are added in one order whatever the grouping of units and samples, so one unit per block and
+  // eight train to the same bits (batch 37: the last group of samples in each warp is partial).
+  mnist_mlp<policy::cuda> one(64, 42), eight(64, 42);
+  fused_mlp_trainer<mnist_mlp<policy::cuda>> one_trainer(one), eight_trainer(eight);
+  one_trainer.set_units_per_block(1);
+  eight_trainer.set_units_per_block(8);
+  const device_batch b = make_batch(shape{28, 28}, 37, 10, 6);
+  const tensor_view<const float> x(b.x.data(), b.x_shape);
+  const tensor_view<const std::int64_t> y(b.y.data(), shape{37});
+  for (int step = 0; step < 5; ++step) {
+    const float one_loss = one_trainer.train_step(resident, x, y);
+    CHECK(one_loss == eight_trainer.train_step(resident, x, y));
+  }
+  const auto one_values = to_host(one.parameter_values().data(), mnist_mlp<policy::cuda>::flat_parameter_size);
+  const auto eight_values = to_host(eight.parameter_values().data(), mnist_mlp<policy::cuda>::flat_parameter_size);
+  CHECK(one_values == eight_values);
+}
+
+namespace {
+// Every lane's warp_sum_scatter result and each value's warp_reduce total (lane 0's), for one warp.
+template <int N>
+__global__ void warp_sum_scatter_kernel(const float* values, float* scattered, float* reduced) {
+  float mine[N];
+  for (int i = 0; i < N; ++i) mine[i] = values[threadIdx.x * N + i];
+  scattered[threadIdx.x] = kernels::cuda::detail::warp_sum_scatter(mine);
+  for (int i = 0; i < N; ++i) {
+    const float total = kernels::cuda::detail::warp_reduce(mine[i], kernels::cuda::detail::sum_op{});
+    if (threadIdx.x == 0) reduced[i] = total;
+  }
+}
+template <int N>
+void check_warp_sum_scatter() {
+  // Values of mixed sign and size, so that another order of additions would round differently.
+  std::vector<float> host = random_values<float>(32 * N, 11 + N);
+  for (std::size_t i = 0; i < host.size(); i += 3) host[i] *= 1000.0f;
+  const auto values = to_device(host);
+  kiln::cuda::device_buffer<float> scattered(32), reduced(N);
+  const cudaStream_t stream = kiln::cuda::current_stream();
+  warp_sum_scatter_kernel<N><<<1, 32, 0, stream>>>(values.data(), scattered.data(), reduced.data());
+  KILN_CUDA_CHECK_LAUNCH();
+  const auto s = to_host(scattered), r = to_host(reduced);
+  for (int lane = 0; lane < 32; ++lane) CHECK(s[std::size_t(lane)] == r[std::size_t(lane / (32 / N))]);
+}
+}  // namespace
+
+TEST_CASE("the head's reduce-scatter adds each value's lanes as warp_reduce does, bit for bit") {
+  check_warp_sum_scatter<16>();
+  check_warp_sum_scatter<32>();
+}
+
 TEST_CASE("the fused step with AdamW and with Adam's L2 weight decay") {
   check_fused_against_unfused<mnist_mlp<policy::cuda>>(
       shape{28, 28}, 64, 20, optim::adamw_options{.lr = 1e-3, .weight_decay = 0.05}, "AdamW");

@@ -117,6 +117,39 @@ inline index_t fused_mlp_shared_floats(int units, index_t batch, index_t in, ind
   return units * in + batch * out + 2 * batch * units + out * units;
 }
 
+// The sums over a warp's lanes of N = 16 or 32 values, as warp_reduce adds each (the same pairs at each step, so the
+// same bits), in N - 1 shuffles instead of 5 N: at each step a lane keeps half of the values it still holds and
+// hands the other half to its partner. Lane l returns the total of value l / (32 / N).
+template <int M>
+__device__ inline void warp_sum_halves(const float (&values)[2 * M], float (&kept)[M], int offset) {
+  const bool upper = (threadIdx.x & offset) != 0;
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+    const float theirs = __shfl_xor_sync(0xffffffffu, upper ? values[i] : values[i + M], offset);
+    kept[i] = (upper ? values[i + M] : values[i]) + theirs;
+  }
+}
+template <int N>
+__device__ inline float warp_sum_scatter(const float (&values)[N]) {
+  static_assert(N == 16 || N == 32, "warp_sum_scatter: expected 16 or 32 values");
+  float v8[8], v4[4], v2[2], v1[1];
+  if constexpr (N == 32) {
+    float v16[16];
+    warp_sum_halves<16>(values, v16, 16);
+    warp_sum_halves<8>(v16, v8, 8);
+    warp_sum_halves<4>(v8, v4, 4);
+    warp_sum_halves<2>(v4, v2, 2);
+    warp_sum_halves<1>(v2, v1, 1);
+    return v1[0];
+  } else {
+    warp_sum_halves<8>(values, v8, 16);
+    warp_sum_halves<4>(v8, v4, 8);
+    warp_sum_halves<2>(v4, v2, 4);
+    warp_sum_halves<1>(v2, v1, 2);
+    return v1[0] + __shfl_xor_sync(0xffffffffu, v1[0], 1);
+  }
+}
+
 // Samples a warp takes at once in the forward product, and classes of the head's widest kernel for a head of `out`.
 inline constexpr int fused_mlp_forward_samples = 8;
 inline constexpr int fused_mlp_head_width(index_t out) { return out <= 16 ? 16 : 32; }
@@ -160,10 +193,15 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
   // Forward, hidden layer: hidden[s, u] = relu(b1[u] + x[s, :] . W1[u, :]) for this block's units, a warp per group
   // of samples (s = warp + warps * k), its lanes along the inputs. A group past the batch's end reads the last row and
   // drops the sums.
-  for (index_t i = thread; i < units * g.in; i += fused_mlp_threads) {
-    const index_t u = i / g.in;
-    w1_rows[i] = u < my_units ? g.w1.value[(first_unit + u) * g.in + i % g.in] : 0.0f;
+#pragma unroll
+  for (int u = 0; u < units; ++u) {
+    const float* row = g.w1.value + (first_unit + (u < my_units ? u : 0)) * g.in;
+#pragma unroll 4
+    for (index_t f = thread; f < g.in; f += fused_mlp_threads) w1_rows[u * g.in + f] = u < my_units ? row[f] : 0.0f;
   }
+  float b1[units];  // loaded once: a load after each hidden value's store would wait for it
+#pragma unroll
+  for (int u = 0; u < units; ++u) b1[u] = g.b1.value[first_unit + (u < my_units ? u : 0)];
   __syncthreads();
   for (index_t first = warp; first < g.batch; first += warps * forward_samples) {
     float sums[forward_samples][units] = {};
@@ -173,7 +211,7 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
       const index_t s = first + warps * k;
       rows[k] = g.x + (s < g.batch ? s : g.batch - 1) * g.in;
     }
-#pragma unroll 2
+#pragma unroll 4
     for (index_t f = lane; f < g.in; f += 32) {
       float w[units];
 #pragma unroll
@@ -193,7 +231,7 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
       for (int u = 0; u < units; ++u) {
         const float total = warp_reduce(sums[k][u], sum_op{});
         if (lane == u && u < my_units) {
-          const float z = total + g.b1.value[first_unit + u];
+          const float z = total + b1[u];
           const float h = z > 0.0f ? z : 0.0f;
           g.hidden_values[s * g.hidden + first_unit + u] = h;
           my_hidden[s * units + u] = h;
@@ -207,42 +245,42 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
   // hidden units. __ldcg reads the hidden values from L2, past this SM's L1, since other blocks wrote them during this
   // launch. The loss adds each warp's samples in increasing order.
   double block_loss = 0;
+  const float b2 = g.b2.value[lane < g.out ? lane : 0];  // lane c adds b2[c]
   for (index_t first = warp; first < g.batch; first += warps * head_samples) {
     float sums[head_samples][head_width] = {};
     const float* hidden[head_samples];
+    std::int64_t labels[head_samples];
 #pragma unroll
     for (int k = 0; k < head_samples; ++k) {
       const index_t s = first + warps * k;
       hidden[k] = g.hidden_values + (s < g.batch ? s : g.batch - 1) * g.hidden;
+      labels[k] = g.labels[s < g.batch ? s : g.batch - 1];
     }
+    // Every class of the kernel's width is summed, those past the head's end from W2's last row, so that no branch
+    // stands between the loads (with one per class, each load of W2 waited for the last: 23 us of a 46 us step).
 #pragma unroll 2
     for (index_t h = lane; h < g.hidden; h += 32) {
       float values[head_samples];
 #pragma unroll
       for (int k = 0; k < head_samples; ++k) values[k] = __ldcg(hidden[k] + h);
 #pragma unroll
-      for (int c = 0; c < head_width; ++c)
-        if (c < g.out) {
-          const float w = g.w2.value[c * g.hidden + h];
+      for (int c = 0; c < head_width; ++c) {
+        const float w = g.w2.value[(c < g.out ? c : g.out - 1) * g.hidden + h];
 #pragma unroll
-          for (int k = 0; k < head_samples; ++k) sums[k][c] += values[k] * w;
-        }
+        for (int k = 0; k < head_samples; ++k) sums[k][c] += values[k] * w;
+      }
     }
 #pragma unroll
     for (int k = 0; k < head_samples; ++k) {
       const index_t s = first + warps * k;
       if (s >= g.batch) break;
-      float logit = 0.0f;  // lane c keeps logit c
-#pragma unroll
-      for (int c = 0; c < head_width; ++c) {
-        if (c >= g.out) break;
-        const float total = warp_reduce(sums[k][c], sum_op{}) + g.b2.value[c];
-        if (lane == c) logit = total;
-      }
+      // The class sums as warp_reduce adds them, gathered so that lane c keeps logit c.
+      const float total = warp_sum_scatter(sums[k]);
+      const float logit = __shfl_sync(0xffffffffu, total, lane * (32 / head_width) % 32) + b2;
       const bool in_row = lane < g.out;
       const float max_value = warp_reduce(in_row ? logit : -INFINITY, max_op{});
       const float exp_sum = warp_reduce(in_row ? expf(logit - max_value) : 0.0f, sum_op{});
-      const std::int64_t label = g.labels[s];
+      const std::int64_t label = labels[k];
       const bool valid = label >= 0 && label < g.out;
       if (!valid && lane == 0 && blockIdx.x == 0)
         atomicMin(reinterpret_cast<unsigned long long*>(g.bad_label), static_cast<unsigned long long>(s));
@@ -297,7 +335,7 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
     fused_adam::state<units> state;
     adam.load(g.w1, index, my_units, state);
     float sums[units] = {};
-#pragma unroll 32
+#pragma unroll 64
     for (index_t s = 0; s < g.batch; ++s) {
       const float value = g.x[s * g.in + f];
 #pragma unroll
@@ -316,6 +354,7 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
   if (blockIdx.x == 0) {
     for (index_t c = thread; c < g.out; c += fused_mlp_threads) {
       float d = 0.0f;
+#pragma unroll 16
       for (index_t s = 0; s < g.batch; ++s) d += dlogits[s * g.out + c];
       adam.update(g.b2, c, d);
     }
