@@ -46,6 +46,7 @@ class fused_mlp_trainer<Net, false> {
         exp_avg_sq_(Net::flat_parameter_size),
         hidden_values_(net.max_batch() * hidden),
         step_(1),
+        bias_corrections_(2),
         loss_(1),
         bad_label_(1) {
     detail::check_fused_mlp_options(o);
@@ -56,6 +57,7 @@ class fused_mlp_trainer<Net, false> {
     arguments_.out = out;
     arguments_.hidden_values = hidden_values_.data();
     arguments_.step = step_.data();
+    arguments_.bias_corrections = bias_corrections_.data();
     arguments_.bad_label = bad_label_.data();
     lr_ = o.lr;
     arguments_.adam = {float(o.lr),           float(o.beta1), float(o.beta2), float(o.eps),
@@ -66,6 +68,7 @@ class fused_mlp_trainer<Net, false> {
     KILN_CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, sizeof(float) * std::size_t(exp_avg_.size()), stream));
     KILN_CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, sizeof(float) * std::size_t(exp_avg_sq_.size()), stream));
     KILN_CUDA_CHECK(cudaMemsetAsync(step_.data(), 0, sizeof(long long), stream));
+    kernels::cuda::fused_mlp_prepare_adam(arguments_);
   }
   // AdamW's hyper-parameters (its default weight decay 0.01, decoupled from the gradient).
   fused_mlp_trainer(Net& net, const optim::adamw_options& o)
@@ -133,6 +136,7 @@ class fused_mlp_trainer<Net, false> {
   Net& net_;
   kiln::cuda::device_buffer<float> exp_avg_, exp_avg_sq_, hidden_values_;
   kiln::cuda::device_buffer<long long> step_;
+  kiln::cuda::device_buffer<float> bias_corrections_;
   kiln::cuda::device_buffer<float> loss_;
   kiln::cuda::device_buffer<long long> bad_label_;
   kernels::cuda::fused_mlp_step_arguments arguments_{};

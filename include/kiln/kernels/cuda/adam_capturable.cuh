@@ -22,14 +22,27 @@ __global__ void advance_count_kernel(Count* count) {
   *count += 1;
 }
 
-// Adam's constants for step `step`, by the formulas adam_update uses on the host (double-precision powers rounded to
-// T), for kernels that read the step count on the device.
+// Adam's two bias corrections for step `step`, 1 - beta^step, by the formulas adam_update uses on the host
+// (double-precision powers rounded to T), for kernels that read the step count on the device.
+template <class T>
+struct adam_bias_corrections {
+  T first, second;
+};
+template <class T>
+__device__ inline adam_bias_corrections<T> adam_bias_corrections_at(const adam_step_args<T>& a, long long step) {
+  const double s = static_cast<double>(step);
+  return {T(1) - static_cast<T>(pow(static_cast<double>(a.beta1), s)),
+          T(1) - static_cast<T>(pow(static_cast<double>(a.beta2), s))};
+}
+// The constants of one update from its bias corrections.
+template <class T>
+__device__ inline adam_constants<T> adam_constants_from(const adam_step_args<T>& a, adam_bias_corrections<T> b) {
+  return {a.lr / b.first, T(1) / b.second, T(1) - a.lr * a.weight_decay};
+}
+// Adam's constants for step `step`.
 template <class T>
 __device__ inline adam_constants<T> adam_constants_at(const adam_step_args<T>& a, long long step) {
-  const double s = static_cast<double>(step);
-  const T bias_correction1 = T(1) - static_cast<T>(pow(static_cast<double>(a.beta1), s));
-  const T bias_correction2 = T(1) - static_cast<T>(pow(static_cast<double>(a.beta2), s));
-  return {a.lr / bias_correction1, T(1) / bias_correction2, T(1) - a.lr * a.weight_decay};
+  return adam_constants_from(a, adam_bias_corrections_at(a, step));
 }
 
 // adam_op with its constants computed from *step. Every thread derives them itself: two powers per thread cost less

@@ -47,6 +47,7 @@ struct fused_mlp_step_arguments {
   fused_parameter w1, b1, w2, b2;  // (hidden x in), (hidden), (out x hidden), (out): PyTorch's Linear layouts
   float* hidden_values;            // batch x hidden scratch: the hidden layer's output
   long long* step;                 // Adam's steps taken so far; the launch advances it by one
+  float* bias_corrections;         // Adam's two for the next step: set by fused_mlp_prepare_adam, then by each step
   float* loss;                     // the batch's loss, reduction mean
   long long* bad_label;            // cleared by the step, then the lowest row whose label is outside [0, out)
   float loss_scale;                // 1 / batch, as the loss kernels' reduction_scale gives it
@@ -56,12 +57,13 @@ struct fused_mlp_step_arguments {
 namespace detail {
 
 // Adam on this launch's elements: adam_element (kernels/cuda/optim.cuh) with the constants of the step count on the
-// device (adam_constants_at, as the capturable Adam).
+// device (adam_constants_at's, as the capturable Adam's). The bias corrections, two double-precision powers, were
+// computed by the step before (or fused_mlp_prepare_adam), so that no thread waits for them at the start.
 struct fused_adam {
   adam_step_args<float> a;
   adam_constants<float> c;
-  __device__ fused_adam(const adam_step_args<float>& args, long long step)
-      : a(args), c(adam_constants_at(args, step)) {}
+  __device__ fused_adam(const adam_step_args<float>& args, adam_bias_corrections<float> b)
+      : a(args), c(adam_constants_from(args, b)) {}
   // The values and moments of up to N elements, loaded before the gradient is known so that their round trips overlap
   // the gradient's own loads.
   template <int N>
@@ -174,10 +176,11 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
   const int thread = threadIdx.x, lane = thread % 32, warp = thread / 32;
   const index_t first_unit = index_t(blockIdx.x) * units;
   const int my_units = int(g.hidden - first_unit < units ? g.hidden - first_unit : units);
-  // Every block reads the count now; block 0 writes the new one after the last barrier. Block 0 alone flags bad
-  // labels, after the first barrier, so it clears the flag here rather than a memset launch before each step.
+  // Every block reads the count and the bias corrections now; block 0 writes the next ones after the last barrier.
+  // Block 0 alone flags bad labels, after the first barrier, so it clears the flag here rather than a memset launch
+  // before each step.
   const long long step = *g.step + 1;
-  const fused_adam adam(g.adam, step);
+  const fused_adam adam(g.adam, {g.bias_corrections[0], g.bias_corrections[1]});
   if (blockIdx.x == 0 && thread == 0) *g.bad_label = -1;
 
   // The batch's first reads come from device memory: every block asks for its share of the lines now, so that they
@@ -223,14 +226,15 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
         for (int u = 0; u < units; ++u) sums[k][u] += value * w[u];
       }
     }
+    // Every group's sums are reduced, past the batch's end too, so that the reductions interleave; only the stores
+    // are conditional.
 #pragma unroll
     for (int k = 0; k < forward_samples; ++k) {
       const index_t s = first + warps * k;
-      if (s >= g.batch) break;
 #pragma unroll
       for (int u = 0; u < units; ++u) {
         const float total = warp_reduce(sums[k][u], sum_op{});
-        if (lane == u && u < my_units) {
+        if (lane == u && u < my_units && s < g.batch) {
           const float z = total + b1[u];
           const float h = z > 0.0f ? z : 0.0f;
           g.hidden_values[s * g.hidden + first_unit + u] = h;
@@ -270,10 +274,11 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
         for (int k = 0; k < head_samples; ++k) sums[k][c] += values[k] * w;
       }
     }
+    // As in the forward, every sample of the group is reduced and only the effects are conditional.
 #pragma unroll
     for (int k = 0; k < head_samples; ++k) {
       const index_t s = first + warps * k;
-      if (s >= g.batch) break;
+      const bool in_batch = s < g.batch;
       // The class sums as warp_reduce adds them, gathered so that lane c keeps logit c.
       const float total = warp_sum_scatter(sums[k]);
       const float logit = __shfl_sync(0xffffffffu, total, lane * (32 / head_width) % 32) + b2;
@@ -282,12 +287,12 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
       const float exp_sum = warp_reduce(in_row ? expf(logit - max_value) : 0.0f, sum_op{});
       const std::int64_t label = labels[k];
       const bool valid = label >= 0 && label < g.out;
-      if (!valid && lane == 0 && blockIdx.x == 0)
+      if (!valid && in_batch && lane == 0 && blockIdx.x == 0)
         atomicMin(reinterpret_cast<unsigned long long*>(g.bad_label), static_cast<unsigned long long>(s));
       const float label_logit = __shfl_sync(0xffffffffu, logit, valid ? int(label) : 0);
       // log(sum) - (x[label] - max) and (softmax - onehot) * factor, as softmax_cross_entropy_kernel computes them.
-      if (lane == 0 && valid) block_loss += double(logf(exp_sum) - (label_logit - max_value));
-      if (in_row) {
+      if (lane == 0 && valid && in_batch) block_loss += double(logf(exp_sum) - (label_logit - max_value));
+      if (in_row && in_batch) {
         const float factor = g.loss_scale;
         const float p = expf(logit - max_value) * (1.0f / exp_sum) * factor;
         dlogits[s * g.out + lane] = valid && lane == label ? p - factor : p;
@@ -321,27 +326,39 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
     dw2_columns[i] = d;
   }
   __syncthreads();
-  if (thread < my_units) {
+  // dW1 rows, each thread two columns of inputs at once (two independent chains): dW1[u, f] = sum over samples of
+  // dhidden[s, u] x[s, f]; then Adam. A column past the inputs' end reads the last one and stores nothing.
+  for (index_t f0 = thread; f0 < g.in; f0 += 2 * fused_mlp_threads) {
+    const index_t f1 = f0 + fused_mlp_threads < g.in ? f0 + fused_mlp_threads : g.in - 1;
+    const int count1 = f0 + fused_mlp_threads < g.in ? my_units : 0;
+    index_t index0[units], index1[units];
+#pragma unroll
+    for (int u = 0; u < units; ++u) {
+      index0[u] = (first_unit + u) * g.in + f0;
+      index1[u] = (first_unit + u) * g.in + f1;
+    }
+    fused_adam::state<units> state0, state1;
+    adam.load(g.w1, index0, my_units, state0);
+    adam.load(g.w1, index1, count1, state1);
+    float sums0[units] = {}, sums1[units] = {};
+#pragma unroll 16
+    for (index_t s = 0; s < g.batch; ++s) {
+      const float value0 = g.x[s * g.in + f0], value1 = g.x[s * g.in + f1];
+#pragma unroll
+      for (int u = 0; u < units; ++u) {
+        sums0[u] += dhidden[s * units + u] * value0;
+        sums1[u] += dhidden[s * units + u] * value1;
+      }
+    }
+    adam.store(g.w1, index0, sums0, my_units, state0);
+    adam.store(g.w1, index1, sums1, count1, state1);
+  }
+  // b1 on the last warp: the first warps hold the columns of a partial last pair.
+  if (const int u = thread - (fused_mlp_threads - units); u >= 0 && u < my_units) {
     float d = 0.0f;
 #pragma unroll 16
-    for (index_t s = 0; s < g.batch; ++s) d += dhidden[s * units + thread];
-    adam.update(g.b1, first_unit + thread, d);
-  }
-  // dW1 rows, each thread a column of inputs: dW1[u, f] = sum over samples of dhidden[s, u] x[s, f]; then Adam.
-  for (index_t f = thread; f < g.in; f += fused_mlp_threads) {
-    index_t index[units];
-#pragma unroll
-    for (int u = 0; u < units; ++u) index[u] = (first_unit + u) * g.in + f;
-    fused_adam::state<units> state;
-    adam.load(g.w1, index, my_units, state);
-    float sums[units] = {};
-#pragma unroll 64
-    for (index_t s = 0; s < g.batch; ++s) {
-      const float value = g.x[s * g.in + f];
-#pragma unroll
-      for (int u = 0; u < units; ++u) sums[u] += dhidden[s * units + u] * value;
-    }
-    adam.store(g.w1, index, sums, my_units, state);
+    for (index_t s = 0; s < g.batch; ++s) d += dhidden[s * units + u];
+    adam.update(g.b1, first_unit + u, d);
   }
   cg::this_grid().sync();
 
@@ -358,11 +375,30 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
       for (index_t s = 0; s < g.batch; ++s) d += dlogits[s * g.out + c];
       adam.update(g.b2, c, d);
     }
-    if (thread == 0) *g.step = step;
+    if (thread == 0) {
+      *g.step = step;
+      const adam_bias_corrections<float> next = adam_bias_corrections_at(g.adam, step + 1);
+      g.bias_corrections[0] = next.first;
+      g.bias_corrections[1] = next.second;
+    }
   }
 }
 
+// Adam's bias corrections for the step after *step, where the fused step reads them.
+__global__ void fused_mlp_prepare_adam_kernel(adam_step_args<float> a, const long long* step, float* bias_corrections) {
+  const adam_bias_corrections<float> next = adam_bias_corrections_at(a, *step + 1);
+  bias_corrections[0] = next.first;
+  bias_corrections[1] = next.second;
+}
+
 }  // namespace detail
+
+// Sets the bias corrections that the next fused step reads from its step count (once, before the first step; each
+// step then sets them for the one after it).
+inline void fused_mlp_prepare_adam(const fused_mlp_step_arguments& a) {
+  detail::fused_mlp_prepare_adam_kernel<<<1, 1, 0, kiln::cuda::current_stream()>>>(a.adam, a.step, a.bias_corrections);
+  KILN_CUDA_CHECK_LAUNCH();
+}
 
 // Blocks of a fused step over `hidden` units, `units` to a block.
 inline index_t fused_mlp_blocks(index_t hidden, int units) { return (hidden + units - 1) / units; }
