@@ -46,7 +46,7 @@ class fused_mlp_trainer<Net, false> {
         exp_avg_sq_(Net::flat_parameter_size),
         hidden_values_(net.max_batch() * hidden),
         step_(1),
-        bias_corrections_(2),
+        bias_corrections_(4),
         loss_(1),
         bad_label_(1) {
     detail::check_fused_mlp_options(o);

@@ -47,7 +47,8 @@ struct fused_mlp_step_arguments {
   fused_parameter w1, b1, w2, b2;  // (hidden x in), (hidden), (out x hidden), (out): PyTorch's Linear layouts
   float* hidden_values;            // batch x hidden scratch: the hidden layer's output
   long long* step;                 // Adam's steps taken so far; the launch advances it by one
-  float* bias_corrections;         // Adam's two for the next step: set by fused_mlp_prepare_adam, then by each step
+  float* bias_corrections;         // Adam's two for step t at [2 (t % 2)]: set by fused_mlp_prepare_adam for the first
+                                   // step, then by each step for the next
   float* loss;                     // the batch's loss, reduction mean
   long long* bad_label;            // cleared by the step, then the lowest row whose label is outside [0, out)
   float loss_scale;                // 1 / batch, as the loss kernels' reduction_scale gives it
@@ -157,17 +158,17 @@ inline constexpr int fused_mlp_forward_samples = 8;
 inline constexpr int fused_mlp_head_width(index_t out) { return out <= 16 ? 16 : 32; }
 
 // Rows of x and of the hidden values are shared by every block and read from L2, so a warp keeps many of those loads
-// in flight at once: it takes several samples together (8 in the forward, 64 / head_width in the head), and the dW1
-// sums run 32 samples to an unrolled group, with Adam's loads issued before them. Each sample's sums are added in the
-// same order whatever the grouping (the lanes along the inputs or hidden units, then warp_reduce's butterfly), so the
-// step's bits do not depend on it.
+// in flight at once: it takes several samples together (8 in the forward, 128 / head_width in the head), and the dW1
+// sums run two columns at a time, 16 samples to an unrolled group, with Adam's loads issued before them. Each
+// sample's sums are added in the same order whatever the grouping of samples and units (the lanes along the inputs or
+// hidden units, then warp_reduce's butterfly), so the step's bits do not depend on the units per block.
 template <int units, int head_width>
 __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fused_mlp_step_arguments g) {
   namespace cg = cooperative_groups;
   extern __shared__ float shared[];
   constexpr int warps = fused_mlp_threads / 32;
   constexpr int forward_samples = fused_mlp_forward_samples;
-  constexpr int head_samples = 64 / head_width;
+  constexpr int head_samples = 128 / head_width;
   float* w1_rows = shared;                          // units x in
   float* dlogits = w1_rows + units * g.in;          // batch x out
   float* my_hidden = dlogits + g.batch * g.out;     // batch x units: this block's hidden values
@@ -176,11 +177,15 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
   const int thread = threadIdx.x, lane = thread % 32, warp = thread / 32;
   const index_t first_unit = index_t(blockIdx.x) * units;
   const int my_units = int(g.hidden - first_unit < units ? g.hidden - first_unit : units);
-  // Every block reads the count and the bias corrections now; block 0 writes the next ones after the last barrier.
-  // Block 0 alone flags bad labels, after the first barrier, so it clears the flag here rather than a memset launch
-  // before each step.
+  // Every block reads the count and both pairs of bias corrections now (the step's pair waits on the count
+  // otherwise); block 0 writes the next step's pair in the other slot once every block has passed the first barrier.
+  // Block 0 alone flags bad labels, after that barrier, so it clears the flag here rather than a memset launch before
+  // each step.
   const long long step = *g.step + 1;
-  const fused_adam adam(g.adam, {g.bias_corrections[0], g.bias_corrections[1]});
+  const float even_first = g.bias_corrections[0], even_second = g.bias_corrections[1];
+  const float odd_first = g.bias_corrections[2], odd_second = g.bias_corrections[3];
+  const int slot = int(step % 2);
+  const fused_adam adam(g.adam, {slot ? odd_first : even_first, slot ? odd_second : even_second});
   if (blockIdx.x == 0 && thread == 0) *g.bad_label = -1;
 
   // The batch's first reads come from device memory: every block asks for its share of the lines now, so that they
@@ -250,6 +255,7 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
   // launch. The loss adds each warp's samples in increasing order.
   double block_loss = 0;
   const float b2 = g.b2.value[lane < g.out ? lane : 0];  // lane c adds b2[c]
+  const bool vector_rows = g.hidden % 128 == 0 && reinterpret_cast<std::uintptr_t>(g.w2.value) % 16 == 0;
   for (index_t first = warp; first < g.batch; first += warps * head_samples) {
     float sums[head_samples][head_width] = {};
     const float* hidden[head_samples];
@@ -262,16 +268,38 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
     }
     // Every class of the kernel's width is summed, those past the head's end from W2's last row, so that no branch
     // stands between the loads (with one per class, each load of W2 waited for the last: 23 us of a 46 us step).
-#pragma unroll 2
-    for (index_t h = lane; h < g.hidden; h += 32) {
-      float values[head_samples];
+    // Where the rows are whole 16-byte vectors (hidden a multiple of 128, W2 aligned), each lane reads four
+    // consecutive units of a row in one load: one round trip for all the rows of the group.
+    if (vector_rows) {
+#pragma unroll 1
+      for (index_t h = 4 * lane; h < g.hidden; h += 128) {
+        float4 values[head_samples];
 #pragma unroll
-      for (int k = 0; k < head_samples; ++k) values[k] = __ldcg(hidden[k] + h);
+        for (int k = 0; k < head_samples; ++k) values[k] = __ldcg(reinterpret_cast<const float4*>(hidden[k] + h));
 #pragma unroll
-      for (int c = 0; c < head_width; ++c) {
-        const float w = g.w2.value[(c < g.out ? c : g.out - 1) * g.hidden + h];
+        for (int c = 0; c < head_width; ++c) {
+          const float4 w = *reinterpret_cast<const float4*>(g.w2.value + (c < g.out ? c : g.out - 1) * g.hidden + h);
 #pragma unroll
-        for (int k = 0; k < head_samples; ++k) sums[k][c] += values[k] * w;
+          for (int k = 0; k < head_samples; ++k) {
+            sums[k][c] += values[k].x * w.x;
+            sums[k][c] += values[k].y * w.y;
+            sums[k][c] += values[k].z * w.z;
+            sums[k][c] += values[k].w * w.w;
+          }
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (index_t h = lane; h < g.hidden; h += 32) {
+        float values[head_samples];
+#pragma unroll
+        for (int k = 0; k < head_samples; ++k) values[k] = __ldcg(hidden[k] + h);
+#pragma unroll
+        for (int c = 0; c < head_width; ++c) {
+          const float w = g.w2.value[(c < g.out ? c : g.out - 1) * g.hidden + h];
+#pragma unroll
+          for (int k = 0; k < head_samples; ++k) sums[k][c] += values[k] * w;
+        }
       }
     }
     // As in the forward, every sample of the group is reduced and only the effects are conditional.
@@ -304,6 +332,13 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
 
   // Backward through this block's units: dL/dhidden (through the ReLU: the output is positive where it passed), the
   // head's weight columns, the biases. The block's own hidden values wait in shared memory since the forward.
+  // Meanwhile block 0's last thread, idle in these loops for the MNIST MLP, computes the next step's bias
+  // corrections (two double-precision powers) into the slot this step does not read.
+  if (blockIdx.x == 0 && thread == fused_mlp_threads - 1) {
+    const adam_bias_corrections<float> next = adam_bias_corrections_at(g.adam, step + 1);
+    g.bias_corrections[2 * (1 - slot)] = next.first;
+    g.bias_corrections[2 * (1 - slot) + 1] = next.second;
+  }
   for (index_t i = thread; i < g.batch * units; i += fused_mlp_threads) {
     const index_t s = i / units;
     const int u = int(i % units);
@@ -375,20 +410,16 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
       for (index_t s = 0; s < g.batch; ++s) d += dlogits[s * g.out + c];
       adam.update(g.b2, c, d);
     }
-    if (thread == 0) {
-      *g.step = step;
-      const adam_bias_corrections<float> next = adam_bias_corrections_at(g.adam, step + 1);
-      g.bias_corrections[0] = next.first;
-      g.bias_corrections[1] = next.second;
-    }
+    if (thread == 0) *g.step = step;
   }
 }
 
 // Adam's bias corrections for the step after *step, where the fused step reads them.
 __global__ void fused_mlp_prepare_adam_kernel(adam_step_args<float> a, const long long* step, float* bias_corrections) {
-  const adam_bias_corrections<float> next = adam_bias_corrections_at(a, *step + 1);
-  bias_corrections[0] = next.first;
-  bias_corrections[1] = next.second;
+  const long long next_step = *step + 1;
+  const adam_bias_corrections<float> next = adam_bias_corrections_at(a, next_step);
+  bias_corrections[2 * (next_step % 2)] = next.first;
+  bias_corrections[2 * (next_step % 2) + 1] = next.second;
 }
 
 }  // namespace detail
