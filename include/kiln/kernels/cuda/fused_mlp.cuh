@@ -114,6 +114,14 @@ struct fused_adam {
   }
 };
 
+// Stores Adam's bias corrections for step `step` where that step reads them: at [2 (step % 2)] of the buffer, so that
+// a step writes the next one's pair beside its own.
+__device__ inline void store_fused_bias_corrections(const adam_step_args<float>& a, long long step, float* buffer) {
+  const adam_bias_corrections<float> b = adam_bias_corrections_at(a, step);
+  buffer[2 * (step % 2)] = b.first;
+  buffer[2 * (step % 2) + 1] = b.second;
+}
+
 // Dynamic shared memory of a block of `units` hidden units, in floats: its W1 rows, the batch's dL/dlogits, its
 // units' hidden values and dL/dhidden, and its columns of dW2.
 inline index_t fused_mlp_shared_floats(int units, index_t batch, index_t in, index_t out) {
@@ -121,7 +129,7 @@ inline index_t fused_mlp_shared_floats(int units, index_t batch, index_t in, ind
 }
 
 // The sums over a warp's lanes of N = 16 or 32 values, as warp_reduce adds each (the same pairs at each step, so the
-// same bits), in N - 1 shuffles instead of 5 N: at each step a lane keeps half of the values it still holds and
+// same bits), in 16 or 31 shuffles instead of 5 N: at each step a lane keeps half of the values it still holds and
 // hands the other half to its partner. Lane l returns the total of value l / (32 / N).
 template <int M>
 __device__ inline void warp_sum_halves(const float (&values)[2 * M], float (&kept)[M], int offset) {
@@ -334,11 +342,8 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
   // head's weight columns, the biases. The block's own hidden values wait in shared memory since the forward.
   // Meanwhile block 0's last thread, idle in these loops for the MNIST MLP, computes the next step's bias
   // corrections (two double-precision powers) into the slot this step does not read.
-  if (blockIdx.x == 0 && thread == fused_mlp_threads - 1) {
-    const adam_bias_corrections<float> next = adam_bias_corrections_at(g.adam, step + 1);
-    g.bias_corrections[2 * (1 - slot)] = next.first;
-    g.bias_corrections[2 * (1 - slot) + 1] = next.second;
-  }
+  if (blockIdx.x == 0 && thread == fused_mlp_threads - 1)
+    store_fused_bias_corrections(g.adam, step + 1, g.bias_corrections);
   for (index_t i = thread; i < g.batch * units; i += fused_mlp_threads) {
     const index_t s = i / units;
     const int u = int(i % units);
@@ -416,10 +421,7 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
 
 // Adam's bias corrections for the step after *step, where the fused step reads them.
 __global__ void fused_mlp_prepare_adam_kernel(adam_step_args<float> a, const long long* step, float* bias_corrections) {
-  const long long next_step = *step + 1;
-  const adam_bias_corrections<float> next = adam_bias_corrections_at(a, next_step);
-  bias_corrections[2 * (next_step % 2)] = next.first;
-  bias_corrections[2 * (next_step % 2) + 1] = next.second;
+  store_fused_bias_corrections(a, *step + 1, bias_corrections);
 }
 
 }  // namespace detail
