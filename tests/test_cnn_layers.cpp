@@ -3,6 +3,7 @@
 // parameters in state_dict, and dropout's statistics.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -568,4 +569,88 @@ TEST_CASE("Pooling and activations over a convolution's output give the same bit
   std::vector<float> y(static_cast<std::size_t>(planes * max_g.out_plane()));
   policy::cpu::max_pool_forward(x.data(), y.data(), planes, max_g);
   CHECK(y[static_cast<std::size_t>(3 * max_g.out_width + 4)] == expected);
+}
+
+TEST_CASE("MaxPool's backward with the activation before it taken in gives the two passes' bits") {
+  // The plain 2x2 path (6x6 and 7x7, whose last row and column no window covers) and the generic windows (3x3 at
+  // stride 2, padded, overlapping), with every activation, on one thread and two: the fused kernel against
+  // max_pool_backward then activation_backward. The pooled values are an activation's outputs (some ties, some at or
+  // below zero); act_input is the activation's input, given or not.
+  for (const int threads : {1, 2}) {
+    CAPTURE(threads);
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (const conv_geometry& g :
+         {make_pool_geometry(64, 6, 6, 2, 2, 2, 2, 0, 0, false), make_pool_geometry(64, 7, 7, 2, 2, 2, 2, 0, 0, false),
+          make_pool_geometry(64, 9, 9, 3, 3, 2, 2, 1, 1, false)}) {
+      CAPTURE(g.height);
+      CAPTURE(g.kernel_h);
+      const index_t planes = 3 * g.channels, in_plane = g.height * g.width;
+      random_generator rng(31);
+      std::vector<float> input(static_cast<std::size_t>(planes * in_plane)), dy(static_cast<std::size_t>(planes * g.out_plane()));
+      for (auto& v : input) v = static_cast<float>(rng.below(5)) - 2.0f + (rng.below(2) ? 0.5f : 0.0f);
+      for (auto& v : dy) v = rng.normal<float>();
+      for (const activation a : {activation::relu, activation::leaky_relu, activation::sigmoid, activation::tanh,
+                                 activation::gelu}) {
+        CAPTURE(static_cast<int>(a));
+        std::vector<float> x(input.size()), y(dy.size());
+        policy::cpu::activation_forward(a, input.data(), x.data(), index_t(x.size()), 0.1f);
+        policy::cpu::max_pool_forward(x.data(), y.data(), planes, g);
+        std::vector<float> pooled(x.size(), 3.0f), expected(x.size(), 5.0f), fused(x.size(), 7.0f);
+        policy::cpu::max_pool_backward(x.data(), y.data(), dy.data(), pooled.data(), planes, g, false);
+        policy::cpu::activation_backward(a, input.data(), x.data(), pooled.data(), expected.data(), index_t(x.size()),
+                                         0.1f);
+        policy::cpu::max_pool_activated_backward(x.data(), y.data(), dy.data(), fused.data(), planes, g, a,
+                                                 input.data(), 0.1f);
+        CHECK(std::memcmp(fused.data(), expected.data(), fused.size() * sizeof(float)) == 0);
+        // A real gradient: some pixels take one, most get zero.
+        CHECK(std::count(expected.begin(), expected.end(), 0.0f) > index_t(expected.size()) / 2);
+        CHECK(std::count(expected.begin(), expected.end(), 0.0f) < index_t(expected.size()));
+      }
+    }
+    set_num_threads(saved);
+  }
+}
+
+TEST_CASE("static MaxPool2D takes in the activation's backward: gradients, and training bit-identical to unfused") {
+  // With fused epilogues a MaxPool2D runs the backward of the activation layer before it (a GELU, which no Conv2D
+  // takes over, included); gradients still match finite differences, and training gives the unfused model's bits.
+  using Net = Sequential<policy::cpu, InputOf<double, 2, 8, 8>, Conv2D<3, 3>, ReLU, MaxPool2D<2>, Conv2D<4, 2>, GELU,
+                         MaxPool2D<2, 1>, Flatten, Dense<3>>;
+  for (bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    Net net(3, 23, {.fuse_epilogues = fuse});
+    const auto x = random_input<Net>(3, 8);
+    Tensor<double> target(shape{3, 3}, 0.25);
+    net.forward_backward(x, target, loss::mse{});
+    std::vector<double> analytic(net.gradient_values().begin(), net.gradient_values().end());
+    auto params = net.parameter_values();
+    double worst = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const double saved = params[i], h = 1e-6;
+      params[i] = saved + h;
+      const double up = net.loss_value(x, target, loss::mse{});
+      params[i] = saved - h;
+      const double down = net.loss_value(x, target, loss::mse{});
+      params[i] = saved;
+      worst = std::max(worst, std::abs((up - down) / (2 * h) - analytic[i]) / std::max(1.0, std::abs(analytic[i])));
+    }
+    CHECK(worst < 1e-6);
+  }
+  using Cnn = Sequential<policy::cpu, Input<2, 12, 12>, Conv2D<6, 3>, Tanh, MaxPool2D<3, 2, 1>, Conv2D<4, 3>, ReLU,
+                         MaxPool2D<2>, Flatten, Dense<3>>;
+  Cnn fused(8, 5, {.fuse_epilogues = true}), unfused(8, 5, {.fuse_epilogues = false});
+  random_generator rng(13);
+  Tensor<float> x(shape{8, 2, 12, 12});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  Tensor<std::int64_t> labels(shape{8});
+  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
+  optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
+  for (int step = 0; step < 10; ++step) {
+    const float a = fused.train_step(x, labels, loss::cross_entropy{}, opt_fused);
+    const float b = unfused.train_step(x, labels, loss::cross_entropy{}, opt_unfused);
+    REQUIRE(a == b);
+    for (std::size_t i = 0; i < fused.gradient_values().size(); ++i)
+      REQUIRE(fused.gradient_values()[i] == unfused.gradient_values()[i]);
+  }
 }

@@ -6,8 +6,9 @@ namespace kiln {
 // Run-time switches of a static Sequential. The defaults are the fastest; turning one off keeps every number the
 // same (fusion: within float rounding, usually bit for bit) and measures what that feature buys.
 struct static_options {
-  // Apply Dense layers' activations inside the GEMM's epilogue, and let a Conv2D apply the activation layer after it
-  // to each sample's output while it is in cache, instead of as a second pass over memory.
+  // Apply Dense layers' activations inside the GEMM's epilogue, let a Conv2D apply the activation layer after it to
+  // each sample's output while it is in cache, and let a MaxPool2D run the backward of the activation layer before
+  // it on each plane while it is in cache, instead of each as a pass of its own over memory.
   bool fuse_epilogues = true;
   // Hand the optimizer one slot for the whole flat parameter buffer instead of one per parameter tensor.
   bool flat_parameters = true;

@@ -11,6 +11,7 @@
 
 #include "kiln/core/config.hpp"
 #include "kiln/kernels/cpu/conv.hpp"
+#include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/pool_window.hpp"
@@ -43,16 +44,35 @@ struct pooling_kernels {
     for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
       if (is_plain_2x2(g)) return max_pool_2x2_backward(x, y, dy, dx, p0, p1, g, accumulate);
       if (!accumulate) std::fill_n(dx + p0 * in_plane, (p1 - p0) * in_plane, T(0));
-      for (index_t p = p0; p < p1; ++p) {
-        const T* xp = x + p * in_plane;
-        T* dxp = dx + p * in_plane;
-        for (index_t oh = 0; oh < g.out_height; ++oh)
-          for (index_t ow = 0; ow < g.out_width; ++ow) {
-            const index_t o = p * g.out_plane() + oh * g.out_width + ow;
-            const index_t at = max_pool_argmax(xp, y[o], oh, ow, g);
-            if (at >= 0) dxp[at] += dy[o];
+      for (index_t p = p0; p < p1; ++p) max_pool_scatter_plane(x, y, dy, dx, p, g);
+    });
+  }
+
+  // max_pool_backward (overwriting dx) followed by the backward of the activation whose output x is (act, with
+  // act_input its input or null, as activation_backward takes them), plane by plane: each plane's gradient goes
+  // through the activation while it is still in L1, instead of in a pass of its own over the whole batch, which read
+  // and wrote a CNN's largest tensor in memory once more (a static model's Conv2D - ReLU - MaxPool2D). The same
+  // functions on the same values as the two passes: the same bits.
+  template <class T>
+  static void max_pool_activated_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes,
+                                          const conv_geometry& g, activation act, const T* act_input, T slope) {
+    const index_t in_plane = g.height * g.width;
+    with_activation(act, [&](auto kind) {
+      for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
+        for (index_t p = p0; p < p1; ++p) {
+          if (is_plain_2x2(g)) {
+            max_pool_2x2_backward_planes<false>(x, y, dy, dx, p, p + 1, g);
+          } else {
+            std::fill_n(dx + p * in_plane, in_plane, T(0));
+            max_pool_scatter_plane(x, y, dy, dx, p, g);
           }
-      }
+          T* const plane = dx + p * in_plane;
+          const T* const out = x + p * in_plane;
+          const T* const in = act_input ? act_input + p * in_plane : nullptr;
+          for (index_t i = 0; i < in_plane; ++i)
+            plane[i] = activate_backward(kind.value, in ? in[i] : T(0), out[i], plane[i], slope);
+        }
+      });
     });
   }
 
@@ -157,6 +177,20 @@ struct pooling_kernels {
   }
 
  private:
+  // Adds each output gradient of plane p to the first maximum of its window in dx (the generic geometry).
+  template <class T>
+  static void max_pool_scatter_plane(const T* x, const T* y, const T* dy, T* dx, index_t p, const conv_geometry& g) {
+    const index_t in_plane = g.height * g.width;
+    const T* xp = x + p * in_plane;
+    T* dxp = dx + p * in_plane;
+    for (index_t oh = 0; oh < g.out_height; ++oh)
+      for (index_t ow = 0; ow < g.out_width; ++ow) {
+        const index_t o = p * g.out_plane() + oh * g.out_width + ow;
+        const index_t at = max_pool_argmax(xp, y[o], oh, ow, g);
+        if (at >= 0) dxp[at] += dy[o];
+      }
+  }
+
   template <bool Accumulate, class T>
   static void max_pool_2x2_backward_planes(const T* KILN_RESTRICT x, const T* KILN_RESTRICT y,
                                            const T* KILN_RESTRICT dy, T* KILN_RESTRICT dx, index_t p0, index_t p1,
