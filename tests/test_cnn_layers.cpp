@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -440,15 +442,20 @@ TEST_CASE("Dropout: identity in evaluation, the expected fraction dropped in tra
 }
 
 TEST_CASE("MaxPool 2x2 stride 2: the straight-line path gives the generic window's results, ties and NaN included") {
-  // Values from {0, 1, 2} make most windows tie; a few NaN must win their window and take its gradient.
-  for (const index_t height : {6, 7}) {  // 7: the last row and column lie outside every window
+  // Values from {-0, 0, 1, 2} make most windows tie; a few NaN must win their window and take its gradient.
+  // 7 and 35: the last row and column lie outside every window; 35 and 40 make rows of more than 16 windows (the
+  // AVX-512 path takes 16 at a time, the rest masked).
+  for (const index_t height : {6, 7, 35, 40}) {
     CAPTURE(height);
     const conv_geometry g = make_pool_geometry(3, height, height, 2, 2, 2, 2, 0, 0, false);
     REQUIRE(kernels::cpu::pooling_kernels::is_plain_2x2(g));
     const index_t planes = 2 * g.channels, in_plane = g.height * g.width;
     random_generator rng(17);
     std::vector<float> x(static_cast<std::size_t>(planes * in_plane)), dy(static_cast<std::size_t>(planes * g.out_plane()));
-    for (auto& v : x) v = static_cast<float>(rng.below(3));
+    for (auto& v : x) {  // -0 beside +0 in a window: the first of the two is the maximum
+      const auto pick = rng.below(4);
+      v = pick == 3 ? -0.0f : static_cast<float>(pick);
+    }
     for (std::size_t i = 5; i < x.size(); i += 23) x[i] = std::nanf("");
     for (auto& v : dy) v = rng.normal<float>();
     std::vector<float> y(dy.size()), dx(x.size(), 0.5f);
@@ -462,7 +469,8 @@ TEST_CASE("MaxPool 2x2 stride 2: the straight-line path gives the generic window
           const index_t o = p * g.out_plane() + oh * g.out_width + ow;
           const float expected = kernels::max_pool_window(x.data() + p * in_plane, oh, ow, g,
                                                           -std::numeric_limits<float>::infinity());
-          CHECK((y[o] == expected || (std::isnan(y[o]) && std::isnan(expected))));
+          CHECK((std::bit_cast<std::uint32_t>(y[o]) == std::bit_cast<std::uint32_t>(expected) ||
+                 (std::isnan(y[o]) && std::isnan(expected))));
           nan_outputs += std::isnan(expected);
           const index_t at = kernels::max_pool_argmax(x.data() + p * in_plane, expected, oh, ow, g);
           dx_expected[static_cast<std::size_t>(p * in_plane + at)] += dy[static_cast<std::size_t>(o)];

@@ -13,6 +13,7 @@
 #include "kiln/kernels/cpu/conv.hpp"
 #include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
+#include "kiln/kernels/cpu/pooling_simd.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/pool_window.hpp"
 
@@ -94,19 +95,15 @@ struct pooling_kernels {
         const T* top = x + p * g.height * W + 2 * oh * W;
         const T* bottom = top + W;
         T* out = y + p * g.out_plane() + oh * g.out_width;
-        for (index_t ow = 0; ow < g.out_width; ++ow) {
-          T best = -std::numeric_limits<T>::infinity();
-          for (const T v : {top[2 * ow], top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]})
-            if (max_pool_prefers(v, best)) best = v;
-          out[ow] = best;
-        }
+        max_pool_2x2_row_forward(top, bottom, out, g.out_width);
       }
   }
   // Each window writes all four of its pixels: the gradient to the first that matches the maximum, zero to the
   // others (or adds them, accumulating: adding zero leaves a pixel as it was, -0 aside). Which pixel matches is data,
   // not pattern, so the choice is made with bit masks rather than branches: a branch per pixel mispredicted about
   // once per window, and with the zeroing in a pass of its own that made this 7.7 ms of an MNIST CNN step (now
-  // 1.4-1.9 ms, same bits). Pixels that no window covers (an odd last row or column) are zeroed.
+  // 1.4-1.9 ms, same bits). Pixels that no window covers (an odd last row or column) are zeroed. Where AVX-512 is
+  // there, pooling_simd.hpp runs the same comparisons on 16 windows of a row at a time, forward and backward.
   template <class T>
   static void max_pool_2x2_backward(const T* x, const T* y, const T* dy, T* dx, index_t p0, index_t p1,
                                     const conv_geometry& g, bool accumulate) {
@@ -195,7 +192,6 @@ struct pooling_kernels {
   static void max_pool_2x2_backward_planes(const T* KILN_RESTRICT x, const T* KILN_RESTRICT y,
                                            const T* KILN_RESTRICT dy, T* KILN_RESTRICT dx, index_t p0, index_t p1,
                                            const conv_geometry& g) {
-    using bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
     const index_t W = g.width, covered_rows = 2 * g.out_height, covered_cols = 2 * g.out_width;
     for (index_t p = p0; p < p1; ++p) {
       T* dxp = dx + p * g.height * W;
@@ -210,20 +206,59 @@ struct pooling_kernels {
         T* dbottom = dtop + W;
         const T* best_row = y + p * g.out_plane() + oh * g.out_width;
         const T* grad_row = dy + p * g.out_plane() + oh * g.out_width;
-        for (index_t ow = 0; ow < g.out_width; ++ow) {
-          const T best = best_row[ow];
-          const T values[4] = {top[2 * ow], top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
-          T* const targets[4] = {dtop + 2 * ow, dtop + 2 * ow + 1, dbottom + 2 * ow, dbottom + 2 * ow + 1};
-          // The generic path adds the gradient to zero when it overwrites: so does this.
-          const bits grad = std::bit_cast<bits>(Accumulate ? grad_row[ow] : T(0) + grad_row[ow]);
-          bits taken = 0;
-          for (int i = 0; i < 4; ++i) {
-            const bits mask = (bits(0) - bits(max_pool_matches(values[i], best))) & ~taken;
-            taken |= mask;
-            const T share = std::bit_cast<T>(grad & mask);
-            *targets[i] = Accumulate ? *targets[i] + share : share;
-          }
-        }
+        max_pool_2x2_row_backward<Accumulate>(top, bottom, best_row, grad_row, dtop, dbottom, g.out_width);
+      }
+    }
+  }
+  // One output row of 2 x 2 windows: on AVX-512 (single precision) pooling_simd.hpp's, otherwise the scalar loop.
+  template <class T>
+  static void max_pool_2x2_row_forward(const T* top, const T* bottom, T* out, index_t windows) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>)
+      pooling_simd::max_pool_2x2_row_forward(top, bottom, out, windows);
+    else
+      max_pool_2x2_row_forward_scalar(top, bottom, out, windows);
+#else
+    max_pool_2x2_row_forward_scalar(top, bottom, out, windows);
+#endif
+  }
+  template <bool Accumulate, class T>
+  static void max_pool_2x2_row_backward(const T* top, const T* bottom, const T* best_row, const T* grad_row, T* dtop,
+                                        T* dbottom, index_t windows) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>)
+      pooling_simd::max_pool_2x2_row_backward<Accumulate>(top, bottom, best_row, grad_row, dtop, dbottom, windows);
+    else
+      max_pool_2x2_row_backward_scalar<Accumulate>(top, bottom, best_row, grad_row, dtop, dbottom, windows);
+#else
+    max_pool_2x2_row_backward_scalar<Accumulate>(top, bottom, best_row, grad_row, dtop, dbottom, windows);
+#endif
+  }
+  template <class T>
+  static void max_pool_2x2_row_forward_scalar(const T* top, const T* bottom, T* out, index_t windows) {
+    for (index_t ow = 0; ow < windows; ++ow) {
+      T best = -std::numeric_limits<T>::infinity();
+      for (const T v : {top[2 * ow], top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]})
+        if (max_pool_prefers(v, best)) best = v;
+      out[ow] = best;
+    }
+  }
+  template <bool Accumulate, class T>
+  static void max_pool_2x2_row_backward_scalar(const T* top, const T* bottom, const T* best_row, const T* grad_row,
+                                               T* dtop, T* dbottom, index_t windows) {
+    using bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+    for (index_t ow = 0; ow < windows; ++ow) {
+      const T best = best_row[ow];
+      const T values[4] = {top[2 * ow], top[2 * ow + 1], bottom[2 * ow], bottom[2 * ow + 1]};
+      T* const targets[4] = {dtop + 2 * ow, dtop + 2 * ow + 1, dbottom + 2 * ow, dbottom + 2 * ow + 1};
+      // The generic path adds the gradient to zero when it overwrites: so does this.
+      const bits grad = std::bit_cast<bits>(Accumulate ? grad_row[ow] : T(0) + grad_row[ow]);
+      bits taken = 0;
+      for (int i = 0; i < 4; ++i) {
+        const bits mask = (bits(0) - bits(max_pool_matches(values[i], best))) & ~taken;
+        taken |= mask;
+        const T share = std::bit_cast<T>(grad & mask);
+        *targets[i] = Accumulate ? *targets[i] + share : share;
       }
     }
   }
