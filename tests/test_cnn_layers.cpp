@@ -628,22 +628,7 @@ TEST_CASE("static MaxPool2D takes in the activation's backward: gradients, and t
   for (bool fuse : {true, false}) {
     CAPTURE(fuse);
     Net net(3, 23, {.fuse_epilogues = fuse});
-    const auto x = random_input<Net>(3, 8);
-    Tensor<double> target(shape{3, 3}, 0.25);
-    net.forward_backward(x, target, loss::mse{});
-    std::vector<double> analytic(net.gradient_values().begin(), net.gradient_values().end());
-    auto params = net.parameter_values();
-    double worst = 0;
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const double saved = params[i], h = 1e-6;
-      params[i] = saved + h;
-      const double up = net.loss_value(x, target, loss::mse{});
-      params[i] = saved - h;
-      const double down = net.loss_value(x, target, loss::mse{});
-      params[i] = saved;
-      worst = std::max(worst, std::abs((up - down) / (2 * h) - analytic[i]) / std::max(1.0, std::abs(analytic[i])));
-    }
-    CHECK(worst < 1e-6);
+    check_static_gradients(net, random_input<Net>(3, 8), Tensor<double>(shape{3, 3}, 0.25));
   }
   using Cnn = Sequential<policy::cpu, Input<2, 12, 12>, Conv2D<6, 3>, Tanh, MaxPool2D<3, 2, 1>, Conv2D<4, 3>, ReLU,
                          MaxPool2D<2>, Flatten, Dense<3>>;
