@@ -42,11 +42,8 @@ struct pooling_kernels {
   static void max_pool_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes, const conv_geometry& g,
                                 bool accumulate) {
     const index_t in_plane = g.height * g.width;
-    for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
-      if (is_plain_2x2(g)) return max_pool_2x2_backward(x, y, dy, dx, p0, p1, g, accumulate);
-      if (!accumulate) std::fill_n(dx + p0 * in_plane, (p1 - p0) * in_plane, T(0));
-      for (index_t p = p0; p < p1; ++p) max_pool_scatter_plane(x, y, dy, dx, p, g);
-    });
+    for_plane_slices(planes, in_plane,
+                     [&](index_t p0, index_t p1) { max_pool_backward_planes(x, y, dy, dx, p0, p1, g, accumulate); });
   }
 
   // max_pool_backward (overwriting dx) followed by the backward of the activation whose output x is (act, with
@@ -61,12 +58,7 @@ struct pooling_kernels {
     with_activation(act, [&](auto kind) {
       for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
         for (index_t p = p0; p < p1; ++p) {
-          if (is_plain_2x2(g)) {
-            max_pool_2x2_backward_planes<false>(x, y, dy, dx, p, p + 1, g);
-          } else {
-            std::fill_n(dx + p * in_plane, in_plane, T(0));
-            max_pool_scatter_plane(x, y, dy, dx, p, g);
-          }
+          max_pool_backward_planes(x, y, dy, dx, p, p + 1, g, false);
           T* const plane = dx + p * in_plane;
           const T* const out = x + p * in_plane;
           const T* const in = act_input ? act_input + p * in_plane : nullptr;
@@ -174,6 +166,15 @@ struct pooling_kernels {
   }
 
  private:
+  // max_pool_backward on planes [p0, p1), on the calling thread.
+  template <class T>
+  static void max_pool_backward_planes(const T* x, const T* y, const T* dy, T* dx, index_t p0, index_t p1,
+                                       const conv_geometry& g, bool accumulate) {
+    if (is_plain_2x2(g)) return max_pool_2x2_backward(x, y, dy, dx, p0, p1, g, accumulate);
+    const index_t in_plane = g.height * g.width;
+    if (!accumulate) std::fill_n(dx + p0 * in_plane, (p1 - p0) * in_plane, T(0));
+    for (index_t p = p0; p < p1; ++p) max_pool_scatter_plane(x, y, dy, dx, p, g);
+  }
   // Adds each output gradient of plane p to the first maximum of its window in dx (the generic geometry).
   template <class T>
   static void max_pool_scatter_plane(const T* x, const T* y, const T* dy, T* dx, index_t p, const conv_geometry& g) {
