@@ -14,6 +14,7 @@
 
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
+#include "same_training.hpp"
 
 using namespace kiln;
 using V = nn::basic_variable<double>;
@@ -116,6 +117,22 @@ void check_gradients(const std::vector<V>& leaves, const std::function<V()>& f, 
 V weighted_sum(const V& y, std::uint64_t seed = 99) {
   V w = random_leaf(y.shape(), seed, 1.0, false);
   return nn::sum(nn::mul(y, w));
+}
+
+// The convolutions that the kernel-level Conv2D tests run on 16 x 16 planes: a padded 3x3 one, a strided grouped one
+// and a pointwise one (whose GEMM writes dx in place).
+struct conv_case {
+  index_t channels, out_channels, kernel, stride, pad, groups;
+  conv_geometry geometry() const {
+    return make_conv_geometry(channels, 16, 16, out_channels, kernel, kernel, stride, stride, pad, pad, 1, 1, groups);
+  }
+};
+constexpr conv_case conv_cases[] = {{8, 16, 3, 1, 1, 1}, {8, 12, 3, 2, 0, 2}, {6, 10, 1, 1, 0, 1}};
+
+std::vector<float> normal_values(random_generator& rng, index_t count) {
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (auto& v : values) v = rng.normal<float>();
+  return values;
 }
 
 }  // namespace
@@ -489,28 +506,20 @@ TEST_CASE("Conv2D forward and backward give the same bits on one thread and two 
   // Batch 20 with 16 x 16 planes: enough work per sample for policy::cpu to give each of two threads 10 samples, and
   // three groups of the weight gradient's partial sums (8, 8 and 4 samples), two on one thread and one on the other;
   // its backward runs overwriting and accumulating.
-  struct conv_case {
-    index_t channels, out_channels, kernel, stride, pad, groups;
-  };
-  for (const conv_case cc : {conv_case{8, 16, 3, 1, 1, 1}, conv_case{8, 12, 3, 2, 0, 2}, conv_case{6, 10, 1, 1, 0, 1}}) {
+  for (const conv_case cc : conv_cases) {
     CAPTURE(cc.kernel);
     CAPTURE(cc.groups);
-    const conv_geometry g = make_conv_geometry(cc.channels, 16, 16, cc.out_channels, cc.kernel, cc.kernel, cc.stride,
-                                               cc.stride, cc.pad, cc.pad, 1, 1, cc.groups);
+    const conv_geometry g = cc.geometry();
     const index_t batch = 20;
     random_generator rng(23);
-    auto values = [&](index_t n) {
-      std::vector<float> v(static_cast<std::size_t>(n));
-      for (auto& e : v) e = rng.normal<float>();
-      return v;
-    };
-    const auto x = values(batch * g.in_size()), weight = values(g.out_channels * g.group_k()),
-               bias = values(g.out_channels), dy = values(batch * g.out_size());
+    const auto x = normal_values(rng, batch * g.in_size()), weight = normal_values(rng, g.out_channels * g.group_k()),
+               bias = normal_values(rng, g.out_channels), dy = normal_values(rng, batch * g.out_size());
     auto run = [&](int threads) {
       const int saved = num_threads();
       set_num_threads(threads);
-      std::vector<float> y(static_cast<std::size_t>(batch * g.out_size())), col(static_cast<std::size_t>(batch * g.col_size())),
-          dx(x.size()), dweight(weight.size()), dbias(bias.size());
+      std::vector<float> y(static_cast<std::size_t>(batch * g.out_size())),
+          col(static_cast<std::size_t>(batch * g.col_size())), dx(x.size()), dweight(weight.size()),
+          dbias(bias.size());
       policy::cpu::conv2d_forward<policy::cpu>(x.data(), weight.data(), bias.data(), y.data(), col.data(), batch, g);
       policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), dx.data(), dweight.data(),
                                                 dbias.data(), col.data(), batch, g, false);
@@ -633,17 +642,78 @@ TEST_CASE("static MaxPool2D takes in the activation's backward: gradients, and t
   using Cnn = Sequential<policy::cpu, Input<2, 12, 12>, Conv2D<6, 3>, Tanh, MaxPool2D<3, 2, 1>, Conv2D<4, 3>, ReLU,
                          MaxPool2D<2>, Flatten, Dense<3>>;
   Cnn fused(8, 5, {.fuse_epilogues = true}), unfused(8, 5, {.fuse_epilogues = false});
-  random_generator rng(13);
-  Tensor<float> x(shape{8, 2, 12, 12});
-  for (auto& v : x.span()) v = rng.normal<float>();
-  Tensor<std::int64_t> labels(shape{8});
-  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
   optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
-  for (int step = 0; step < 10; ++step) {
-    const float a = fused.train_step(x, labels, loss::cross_entropy{}, opt_fused);
-    const float b = unfused.train_step(x, labels, loss::cross_entropy{}, opt_unfused);
-    REQUIRE(a == b);
-    for (std::size_t i = 0; i < fused.gradient_values().size(); ++i)
-      REQUIRE(fused.gradient_values()[i] == unfused.gradient_values()[i]);
+  require_same_training(fused, opt_fused, unfused, opt_unfused, 8, 13, 10);
+}
+
+TEST_CASE("Conv2D's backward with the activation before it taken in gives the two passes' bits") {
+  // Every activation, on one thread and two: conv2d_backward taking in the activation's backward against
+  // conv2d_backward then activation_backward. x is the activation's output, act_input its input; without dx the
+  // weight and bias gradients are still computed, with the same bits.
+  for (const int threads : {1, 2}) {
+    CAPTURE(threads);
+    const int saved = num_threads();
+    set_num_threads(threads);
+    for (const conv_case cc : conv_cases) {
+      CAPTURE(cc.kernel);
+      CAPTURE(cc.groups);
+      const conv_geometry g = cc.geometry();
+      const index_t batch = 20;
+      random_generator rng(37);
+      const auto input = normal_values(rng, batch * g.in_size()),
+                 weight = normal_values(rng, g.out_channels * g.group_k()),
+                 dy = normal_values(rng, batch * g.out_size());
+      for (const activation a : {activation::relu, activation::leaky_relu, activation::sigmoid, activation::tanh,
+                                 activation::gelu}) {
+        CAPTURE(static_cast<int>(a));
+        std::vector<float> x(input.size()), col(static_cast<std::size_t>(batch * g.col_size())),
+            y(static_cast<std::size_t>(batch * g.out_size()));
+        policy::cpu::activation_forward(a, input.data(), x.data(), index_t(x.size()), 0.1f);
+        const float* no_bias = nullptr;
+        policy::cpu::conv2d_forward<policy::cpu>(x.data(), weight.data(), no_bias, y.data(), col.data(), batch, g);
+        std::vector<float> conv_dx(x.size(), 3.0f), expected(x.size(), 5.0f), fused(x.size(), 7.0f);
+        std::vector<float> dweight(weight.size()), dbias(static_cast<std::size_t>(g.out_channels));
+        std::vector<float> fused_dweight(weight.size()), fused_dbias(dbias.size()), bare_dweight(weight.size()),
+            bare_dbias(dbias.size());
+        policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), conv_dx.data(), dweight.data(),
+                                                  dbias.data(), col.data(), batch, g, false);
+        policy::cpu::activation_backward(a, input.data(), x.data(), conv_dx.data(), expected.data(),
+                                         index_t(x.size()), 0.1f);
+        policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), fused.data(),
+                                                  fused_dweight.data(), fused_dbias.data(), col.data(), batch, g,
+                                                  false, a, input.data(), 0.1f);
+        float* no_dx = nullptr;
+        policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), no_dx, bare_dweight.data(),
+                                                  bare_dbias.data(), col.data(), batch, g, false, a, input.data(),
+                                                  0.1f);
+        CHECK(std::memcmp(fused.data(), expected.data(), fused.size() * sizeof(float)) == 0);
+        for (const auto* v : {&fused_dweight, &bare_dweight})
+          CHECK(std::memcmp(v->data(), dweight.data(), dweight.size() * sizeof(float)) == 0);
+        for (const auto* v : {&fused_dbias, &bare_dbias})
+          CHECK(std::memcmp(v->data(), dbias.data(), dbias.size() * sizeof(float)) == 0);
+        // The activation's backward did change the gradient.
+        CHECK(std::memcmp(fused.data(), conv_dx.data(), fused.size() * sizeof(float)) != 0);
+      }
+    }
+    set_num_threads(saved);
   }
+}
+
+TEST_CASE("static Conv2D takes in the activation's backward: gradients, and training bit-identical to unfused") {
+  // With fused epilogues a Conv2D runs the backward of the activation layer before it: a ReLU that the first
+  // convolution applies in its forward, a GELU that it cannot, and a Tanh as the first layer, whose input gradient
+  // nobody wants (the convolution then computes its parameter gradients alone). Gradients match finite differences;
+  // training gives the unfused model's bits.
+  using Net = Sequential<policy::cpu, InputOf<double, 2, 8, 8>, Tanh, Conv2D<3, 3>, ReLU, Conv2D<4, 2>, GELU,
+                         Conv2D<2, 1>, MaxPool2D<2>, Flatten, Dense<3>>;
+  for (bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    Net net(3, 29, {.fuse_epilogues = fuse});
+    check_static_gradients(net, random_input<Net>(3, 9), Tensor<double>(shape{3, 3}, 0.25));
+  }
+  using Cnn = Sequential<policy::cpu, Input<2, 12, 12>, Conv2D<6, 3>, ReLU, Conv2D<8, 3, conv_options{.padding = 1}>,
+                         LeakyReLU<>, MaxPool2D<2>, Flatten, Dense<3>>;
+  Cnn fused(8, 7, {.fuse_epilogues = true}), unfused(8, 7, {.fuse_epilogues = false});
+  optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
+  require_same_training(fused, opt_fused, unfused, opt_unfused, 8, 17, 10);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kiln/kiln.hpp"
+#include "same_training.hpp"
 
 using namespace kiln;
 
@@ -82,17 +83,8 @@ TEST_CASE("gradients of standalone activations, softmax over both dims, and ever
 TEST_CASE("fused and unfused epilogues give bit-identical training") {
   using Net = Sequential<policy::cpu, Input<20>, Dense<32, ReLU>, Dense<16, LeakyReLU<>>, Dense<3>>;
   Net fused(16, 3, {.fuse_epilogues = true}), unfused(16, 3, {.fuse_epilogues = false, .flat_parameters = false});
-  random_generator rng(9);
-  Tensor<float> x(shape{16, 20});
-  for (auto& v : x.span()) v = rng.normal<float>();
-  Tensor<std::int64_t> labels(shape{16});
-  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
   optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
-  for (int step = 0; step < 20; ++step) {
-    float a = fused.train_step(x, labels, loss::cross_entropy{}, opt_fused);
-    float b = unfused.train_step(x, labels, loss::cross_entropy{}, opt_unfused);
-    REQUIRE(a == b);
-  }
+  require_same_training(fused, opt_fused, unfused, opt_unfused, 16, 9, 20);
   CHECK(opt_unfused.slots().size() == 6);
   CHECK(opt_fused.slots().size() == 1);
 }
@@ -114,20 +106,12 @@ TEST_CASE("a Conv2D takes over the activation layer after it: gradients, and tra
   using Cnn = Sequential<policy::cpu, Input<1, 10, 10>, Conv2D<6, 3>, ReLU, Conv2D<4, 3>, LeakyReLU<0.1>,
                          MaxPool2D<2>, Flatten, Dense<3>>;
   Cnn fused(8, 5, {.fuse_epilogues = true}), unfused(8, 5, {.fuse_epilogues = false});
+  optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
+  require_same_training(fused, opt_fused, unfused, opt_unfused, 8, 12, 10);
+  // Evaluation runs the same fused forward: predictions agree too.
   random_generator rng(12);
   Tensor<float> x(shape{8, 1, 10, 10});
   for (auto& v : x.span()) v = rng.normal<float>();
-  Tensor<std::int64_t> labels(shape{8});
-  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(3));
-  optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
-  for (int step = 0; step < 10; ++step) {
-    float a = fused.train_step(x, labels, loss::cross_entropy{}, opt_fused);
-    float b = unfused.train_step(x, labels, loss::cross_entropy{}, opt_unfused);
-    REQUIRE(a == b);
-  }
-  for (std::size_t i = 0; i < fused.parameter_values().size(); ++i)
-    REQUIRE(fused.parameter_values()[i] == unfused.parameter_values()[i]);
-  // Evaluation runs the same fused forward: predictions agree too.
   const Tensor<float> p = fused.predict(x), q = unfused.predict(x);
   for (index_t i = 0; i < p.numel(); ++i) CHECK(p[i] == q[i]);
 }

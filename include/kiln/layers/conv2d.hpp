@@ -175,6 +175,18 @@ struct Conv2D {
       conv2d_backward<Policy>(x, params, dy, dx, dparams, Opt.bias ? dparams + weight_size : nullptr, scratch,
                               ctx.batch, g, false);
     }
+    // The backward with the backward of the activation layer before this one taken in (Sequential, with fused
+    // epilogues, where the policy's convolution can: the CPU's): dx is the activation's input gradient (null: none
+    // wanted), act_input its input; x, this layer's input, is the activation's output.
+    template <class Policy, class T>
+      requires requires(const T* c, T* m) {
+        Policy::template conv2d_backward<Policy>(c, c, c, m, m, m, m, index_t{}, g, false, activation::relu, c, T{});
+      }
+    static void backward_activated(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
+                                   const layer_context& ctx, activation act, const T* act_input, T slope) {
+      Policy::template conv2d_backward<Policy>(x, params, dy, dx, dparams, Opt.bias ? dparams + weight_size : nullptr,
+                                               scratch, ctx.batch, g, false, act, act_input, slope);
+    }
     static std::vector<static_parameter_info> parameter_tensors() {
       std::vector<static_parameter_info> tensors{{"weight", shape{Out, g.channels / Opt.groups, Kernel, Kernel}, 0}};
       if constexpr (Opt.bias) tensors.push_back({"bias", shape{Out}, weight_size});

@@ -52,14 +52,15 @@ struct MaxPool2D {
       if (dx) max_pool2d_backward<Policy>(x, y, dy, dx, ctx.batch, g);
     }
     // The backward with the backward of the activation layer before this one taken in (Sequential, with fused
-    // epilogues, where the policy has the kernel): dx is the activation's input gradient, act_input its input.
+    // epilogues, where the policy has the kernel): dx is the activation's input gradient (null: none wanted),
+    // act_input its input.
     template <class Policy, class T>
       requires requires(const T* c, T* m) {
         Policy::max_pool_activated_backward(c, c, c, m, index_t{}, g, activation::relu, c, T{});
       }
-    static void backward_activated(const T* x, const T* y, const T* dy, T* dx, const layer_context& ctx,
+    static void backward_activated(const T*, const T* x, const T* y, T* dy, T* dx, T*, T*, const layer_context& ctx,
                                    activation act, const T* act_input, T slope) {
-      Policy::max_pool_activated_backward(x, y, dy, dx, ctx.batch * g.channels, g, act, act_input, slope);
+      if (dx) Policy::max_pool_activated_backward(x, y, dy, dx, ctx.batch * g.channels, g, act, act_input, slope);
     }
     static std::string description() { return detail::pool_description("MaxPool2D", K, S, P, Ceil); }
   };

@@ -763,8 +763,9 @@ class Sequential {
   }
 
   // With fused epilogues, a layer whose backward can take in the backward of the activation layer before it
-  // (MaxPool2D: plane by plane, while each plane's gradient is in cache) does, writing the activation's input gradient,
-  // and the activation's own backward is skipped: one pass fewer over a CNN's largest tensor.
+  // (MaxPool2D: plane by plane, while each plane's gradient is in cache; Conv2D: sample by sample, after its input
+  // gradient's col2im) does, writing the activation's input gradient, and the activation's own backward is skipped:
+  // one pass fewer over a CNN's largest tensors.
   template <std::size_t I>
   static constexpr bool takes_previous_activation_backward() {
     if constexpr (I == 0 || I >= layer_count) {
@@ -776,7 +777,7 @@ class Sequential {
       } else {
         return previous::is_activation && previous::kind != activation::identity &&
                requires(const T* c, T* m, const layer_context& ctx) {
-                 bound<I>::template backward_activated<Policy>(c, c, c, m, ctx, previous::kind, c,
+                 bound<I>::template backward_activated<Policy>(c, c, c, m, m, m, m, ctx, previous::kind, c,
                                                                T(previous::slope));
                };
       }
@@ -827,11 +828,11 @@ class Sequential {
     using B = bound<I>;
     bool done = false;
     if constexpr (takes_previous_activation_backward<I>()) {
-      if (options_.fuse_epilogues) {  // the activation's input gradient, where one is wanted
-        if (input_gradients_[I - 1])
-          B::template backward_activated<Policy>(inputs_[I], outputs_[I], gradients_[I], input_gradients_[I - 1],
-                                                 context_of<I>(ctx), layer<I - 1>::kind, inputs_[I - 1],
-                                                 T(layer<I - 1>::slope));
+      if (options_.fuse_epilogues) {  // dx: the activation's input gradient, or null where none is wanted
+        B::template backward_activated<Policy>(params_.data() + param_offsets[I], inputs_[I], outputs_[I],
+                                               gradients_[I], input_gradients_[I - 1],
+                                               grads_.data() + param_offsets[I], scratch_[I], context_of<I>(ctx),
+                                               layer<I - 1>::kind, inputs_[I - 1], T(layer<I - 1>::slope));
         done = true;
       }
     }

@@ -8,6 +8,7 @@
 #include "kiln/core/config.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 
@@ -159,13 +160,19 @@ struct conv_kernels {
 
   // Given dL/dy: dweight (+)= sum over samples of dy_n col_n^T, dbias (+)= channel sums of dy (accumulate adds;
   // otherwise they are overwritten), and dx = col2im(weight^T dy_n) (overwritten; skipped when null). col is scratch
-  // of conv2d_forward's size. Each sample's columns are built again from x rather than kept from the forward: an
-  // MNIST CNN's second convolution has 42 MB of them per batch, more than the last-level cache, so keeping them
-  // meant writing them to memory and reading them back twice, where im2col from the sample's 86 KB input is a copy
-  // in cache.
+  // of conv2d_forward's size.
+  // input_act, when not identity, takes in the backward of the activation that produced x (x is its output,
+  // act_input its input, needed by the activations whose backward reads it): each sample's dx goes through it while
+  // it is still in cache, and dx is then the gradient with respect to the activation's input. A static model's
+  // Conv2D does this for the activation layer before it, whose own pass over the tensor is then skipped.
+  // Each sample's columns are built again from x rather than kept from the forward: an MNIST CNN's second
+  // convolution has 42 MB of them per batch, more than the last-level cache, so keeping them meant writing them to
+  // memory and reading them back twice, where im2col from the sample's 86 KB input is a copy in cache.
   template <class Policy, class T>
   static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
-                              index_t batch, const conv_geometry& g, bool accumulate) {
+                              index_t batch, const conv_geometry& g, bool accumulate,
+                              activation input_act = activation::identity, const T* act_input = nullptr,
+                              T slope = T(0)) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
     if (dbias) Policy::sum_channels(dy, dbias, batch, g.out_channels, plane, accumulate);
     // The weight gradient is a sum over the samples. They go in fixed groups of weight_gradient_group, each group's
@@ -207,14 +214,21 @@ struct conv_kernels {
     if (!dx) return;
     // The input gradient is per sample: batch slices, as in the forward, each slice's column gradients in the place
     // of its first sample's.
-    Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
-      for (index_t n = n0; n < n1; ++n) {
-        T* dcol = g.pointwise() ? dx + n * g.in_size() : col + n0 * g.col_size();
-        for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
-                       dy + n * g.out_size() + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane, plane);
-        if (!g.pointwise()) Policy::col2im(dcol, dx + n * g.in_size(), g);
-      }
+    with_activation(input_act, [&](auto kind) {
+      Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
+        for (index_t n = n0; n < n1; ++n) {
+          T* const sample_dx = dx + n * g.in_size();
+          T* dcol = g.pointwise() ? sample_dx : col + n0 * g.col_size();
+          for (index_t grp = 0; grp < g.groups; ++grp)
+            Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
+                         dy + n * g.out_size() + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane,
+                         plane);
+          if (!g.pointwise()) Policy::col2im(dcol, sample_dx, g);
+          if constexpr (kind.value != activation::identity)
+            activation_backward_in_place<kind.value>(act_input ? act_input + n * g.in_size() : nullptr,
+                                                     x + n * g.in_size(), sample_dx, g.in_size(), slope);
+        }
+      });
     });
   }
 
@@ -251,6 +265,16 @@ struct conv_kernels {
   }
 
  private:
+  // dx = the backward of activation Kind applied to dx, in place, given its output y and its input x (null where
+  // Kind's backward does not read it).
+  template <activation Kind, class T>
+  static void activation_backward_in_place(const T* KILN_RESTRICT x, const T* KILN_RESTRICT y, T* KILN_RESTRICT dx,
+                                           index_t count, T slope) {
+    if (x)
+      for (index_t i = 0; i < count; ++i) dx[i] = activate_backward(Kind, x[i], y[i], dx[i], slope);
+    else
+      for (index_t i = 0; i < count; ++i) dx[i] = activate_backward(Kind, T(0), y[i], dx[i], slope);
+  }
   // Sample n's column matrix: built by im2col into `place`, or the input itself for a pointwise kernel.
   template <class Policy, class T>
   static const T* sample_columns(const T* x, T* place, index_t n, const conv_geometry& g) {

@@ -1,0 +1,36 @@
+// Trains two static models side by side on one batch and requires the same bits from both: the check behind every
+// static option that must not change results (fused epilogues, flat parameters), each fusion of one layer's work into
+// another's included.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+
+#include "kiln/kiln.hpp"
+
+// Trains `a` and `b` (the same model type and seed, built with different static options) for `steps` steps on one
+// batch of `batch` random normal inputs and random class labels below the model's output size, with cross-entropy:
+// every step's loss and every gradient must be the same bits, and so must the parameters at the end.
+template <class Net, class Optimizer>
+void require_same_training(Net& a, Optimizer& optimizer_a, Net& b, Optimizer& optimizer_b, kiln::index_t batch,
+                           std::uint64_t seed, int steps) {
+  using namespace kiln;
+  random_generator rng(seed);
+  Tensor<float> x(Net::input_shape::batch_shape(batch));
+  for (auto& v : x.span()) v = rng.normal<float>();
+  Tensor<std::int64_t> labels(shape{batch});
+  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(Net::output_shape::size));
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    const float loss_a = a.train_step(x, labels, loss::cross_entropy{}, optimizer_a);
+    const float loss_b = b.train_step(x, labels, loss::cross_entropy{}, optimizer_b);
+    REQUIRE(loss_a == loss_b);
+    const auto grads_a = a.gradient_values(), grads_b = b.gradient_values();
+    REQUIRE(grads_a.size() == grads_b.size());
+    for (std::size_t i = 0; i < grads_a.size(); ++i) REQUIRE(grads_a[i] == grads_b[i]);
+  }
+  const auto params_a = a.parameter_values(), params_b = b.parameter_values();
+  REQUIRE(params_a.size() == params_b.size());
+  for (std::size_t i = 0; i < params_a.size(); ++i) REQUIRE(params_a[i] == params_b[i]);
+}
