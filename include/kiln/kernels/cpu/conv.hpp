@@ -265,16 +265,6 @@ struct conv_kernels {
   }
 
  private:
-  // dx = the backward of activation Kind applied to dx, in place, given its output y and its input x (null where
-  // Kind's backward does not read it).
-  template <activation Kind, class T>
-  static void activation_backward_in_place(const T* KILN_RESTRICT x, const T* KILN_RESTRICT y, T* KILN_RESTRICT dx,
-                                           index_t count, T slope) {
-    if (x)
-      for (index_t i = 0; i < count; ++i) dx[i] = activate_backward(Kind, x[i], y[i], dx[i], slope);
-    else
-      for (index_t i = 0; i < count; ++i) dx[i] = activate_backward(Kind, T(0), y[i], dx[i], slope);
-  }
   // Sample n's column matrix: built by im2col into `place`, or the input itself for a pointwise kernel.
   template <class Policy, class T>
   static const T* sample_columns(const T* x, T* place, index_t n, const conv_geometry& g) {

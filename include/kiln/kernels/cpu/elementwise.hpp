@@ -24,6 +24,19 @@ KILN_ALWAYS_INLINE void with_activation(activation a, Body&& body) {
   }
 }
 
+// dx = the backward of activation Kind applied to dx in place, given the activation's output y and its input x (null
+// where Kind's backward does not read it): for a block of a gradient that is still in cache, where a layer takes in
+// the backward of the activation before it (Conv2D sample by sample, MaxPool2D plane by plane). The arithmetic of
+// activation_backward: the same bits.
+template <activation Kind, class T>
+KILN_ALWAYS_INLINE void activation_backward_in_place(const T* KILN_RESTRICT x, const T* KILN_RESTRICT y,
+                                                     T* KILN_RESTRICT dx, index_t count, T slope) {
+  if (x)
+    for (index_t i = 0; i < count; ++i) dx[i] = activate_backward(Kind, x[i], y[i], dx[i], slope);
+  else
+    for (index_t i = 0; i < count; ++i) dx[i] = activate_backward(Kind, T(0), y[i], dx[i], slope);
+}
+
 // The element-wise kernels of the CPU policies.
 struct elementwise_kernels {
   // y = f(x); y may alias x. Long arrays (a convolution's output) are split over the threads.

@@ -59,11 +59,8 @@ struct pooling_kernels {
       for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
         for (index_t p = p0; p < p1; ++p) {
           max_pool_backward_planes(x, y, dy, dx, p, p + 1, g, false);
-          T* const plane = dx + p * in_plane;
-          const T* const out = x + p * in_plane;
-          const T* const in = act_input ? act_input + p * in_plane : nullptr;
-          for (index_t i = 0; i < in_plane; ++i)
-            plane[i] = activate_backward(kind.value, in ? in[i] : T(0), out[i], plane[i], slope);
+          activation_backward_in_place<kind.value>(act_input ? act_input + p * in_plane : nullptr, x + p * in_plane,
+                                                   dx + p * in_plane, in_plane, slope);
         }
       });
     });
