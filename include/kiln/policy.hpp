@@ -31,6 +31,9 @@ struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::recurrent_kernels,
              kernels::cpu::cnn_kernels {
   static constexpr const char* name = "cpu";
+  // Unit-stride convolutions read their input in place with the blocked GEMM's arithmetic (conv_direct.hpp) instead
+  // of building im2col's column matrix for gemm: the same bits, where gemm would run the product blocked.
+  static constexpr bool direct_convolution = true;
 
   // The memory contract every policy provides: where its buffers live and how data crosses to and from the host.
   // CPU memory is host memory, so staging is a plain copy and there is nothing to wait for. Callers test
@@ -146,6 +149,7 @@ struct cpu_bf16x3 : cpu_fixed_precision<kernels::cpu::product_precision::bfloat1
 // The CPU kernels with OpenBLAS for the matrix products (link kiln::blas); the epilogue runs as a second pass.
 struct cpu_blas : cpu {
   static constexpr const char* name = "cpu_blas";
+  static constexpr bool direct_convolution = false;  // every product, a convolution's included, is OpenBLAS's
 
   // Every product goes to OpenBLAS, which packs for itself and threads on its own.
   template <class T>

@@ -1,5 +1,7 @@
 // Convolution on the CPU: im2col / col2im (the convolution becomes one GEMM per sample and group), the per-channel
-// bias of NCHW tensors, and the convolution itself built from them. The GEMM is the policy's.
+// bias of NCHW tensors, and the convolution itself built from them. The GEMM is the policy's; on kiln's own GEMM the
+// forward and the weight gradient of most convolutions read the input in place instead (conv_direct.hpp), with the
+// same bits.
 #pragma once
 
 #include <algorithm>
@@ -8,48 +10,13 @@
 #include "kiln/core/config.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/cpu/conv_direct.hpp"
+#include "kiln/kernels/cpu/conv_geometry.hpp"
 #include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 
 namespace kiln::kernels::cpu {
-
-// The geometry of one 2-D convolution or pooling window over NCHW data. pad_h / pad_w are the padding before the
-// first row / column; the output extents fix how far the windows reach past the end (PyTorch's "same" padding puts
-// the odd extra pixel there).
-struct conv_geometry {
-  index_t channels = 1, height = 1, width = 1;  // input, per sample
-  index_t out_channels = 1, out_height = 1, out_width = 1;
-  index_t kernel_h = 1, kernel_w = 1;
-  index_t stride_h = 1, stride_w = 1;
-  index_t pad_h = 0, pad_w = 0;
-  index_t dilation_h = 1, dilation_w = 1;
-  index_t groups = 1;
-
-  constexpr index_t in_size() const { return channels * height * width; }
-  constexpr index_t out_plane() const { return out_height * out_width; }
-  constexpr index_t out_size() const { return out_channels * out_plane(); }
-  // Rows of one group's column matrix: its input channels times the kernel window.
-  constexpr index_t group_k() const { return channels / groups * kernel_h * kernel_w; }
-  // Elements of one sample's column matrix (all groups).
-  constexpr index_t col_size() const { return channels * kernel_h * kernel_w * out_plane(); }
-  // A 1x1 kernel with unit stride and no padding reads the input as its own column matrix.
-  constexpr bool pointwise() const {
-    return kernel_h == 1 && kernel_w == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0 &&
-           out_height == height && out_width == width;
-  }
-};
-
-// The output extent of a window sweep (PyTorch's formula): floor or ceil of (in + 2 pad - dilation (k - 1) - 1) / stride,
-// plus one; in ceil mode the last window must start inside the input or the left padding.
-constexpr index_t window_output_size(index_t in, index_t kernel, index_t stride, index_t pad, index_t dilation,
-                                     bool ceil_mode = false) {
-  index_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
-  if (span < 0) return 0;
-  index_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
-  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
-  return out;
-}
 
 // The convolution kernels of the CPU policies.
 struct conv_kernels {
@@ -139,10 +106,24 @@ struct conv_kernels {
   static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
                              const conv_geometry& g, activation act = activation::identity, T slope = T(0)) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
+    // A unit-stride convolution on kiln's own GEMM reads its input in place (conv_direct.hpp), with the same bits;
+    // the weights are packed for it once, here, and read by every thread.
+    const T* direct_weights = nullptr;
+    if constexpr (requires { requires Policy::direct_convolution; }) {
+      if (conv_direct_applies<T>(g)) direct_weights = conv_direct_pack_weights(weight, g);
+    }
     // Samples are independent: each thread takes a slice of the batch (im2col included), rather than every small
     // per-sample GEMM forking and joining the threads while im2col runs on one.
     Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
       for (index_t n = n0; n < n1; ++n) {
+        if (direct_weights) {
+          conv2d_direct_forward(x + n * g.in_size(), direct_weights, bias, y + n * g.out_size(), g);
+          if (act != activation::identity) {
+            T* out = y + n * g.out_size();
+            Policy::activation_forward(act, out, out, g.out_size(), slope);
+          }
+          continue;
+        }
         const T* columns = sample_columns<Policy>(x, col + n0 * g.col_size(), n, g);
         for (index_t grp = 0; grp < g.groups; ++grp)
           Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
@@ -167,7 +148,8 @@ struct conv_kernels {
   // Conv2D does this for the activation layer before it, whose own pass over the tensor is then skipped.
   // Each sample's columns are built again from x rather than kept from the forward: an MNIST CNN's second
   // convolution has 42 MB of them per batch, more than the last-level cache, so keeping them meant writing them to
-  // memory and reading them back twice, where im2col from the sample's 86 KB input is a copy in cache.
+  // memory and reading them back twice, where im2col from the sample's 86 KB input is a copy in cache. Where
+  // conv_direct_weight_gradient_applies, the weight gradient reads them in x where they lie, and builds none.
   template <class Policy, class T>
   static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
                               index_t batch, const conv_geometry& g, bool accumulate,
@@ -186,12 +168,20 @@ struct conv_kernels {
       const index_t sample_groups = (batch + weight_gradient_group - 1) / weight_gradient_group;
       T* partial = weight_gradient_scratch<T>((sample_groups + 1) * weights);
       T* dweight_t = partial + sample_groups * weights;
+      bool direct = false;
+      if constexpr (requires { requires Policy::direct_convolution; })
+        direct = conv_direct_weight_gradient_applies<T>(g);
       Policy::for_jobs(sample_groups, weight_gradient_group * g.out_channels * plane * k, [&](index_t s0, index_t s1) {
         // Each thread builds its samples' columns in the place of its first sample's, as in the forward.
         T* place = col + s0 * weight_gradient_group * g.col_size();
         for (index_t s = s0; s < s1; ++s) {
           const index_t n0 = s * weight_gradient_group, n1 = std::min(batch, n0 + weight_gradient_group);
           for (index_t n = n0; n < n1; ++n) {
+            if (direct) {
+              conv2d_direct_weight_gradient(x + n * g.in_size(), dy + n * g.out_size(), partial + s * weights, g,
+                                            n == n0);
+              continue;
+            }
             const T* columns = sample_columns<Policy>(x, place, n, g);
             for (index_t grp = 0; grp < g.groups; ++grp)
               Policy::gemm(false, true, k, out_per_group, plane, T(1), columns + grp * k * plane, plane,

@@ -1,0 +1,176 @@
+// The direct convolution kernels (kernels/cpu/conv_direct.hpp), the forward and the weight gradient: the bits of im2col
+// and the blocked GEMM for every geometry they take (padding, even "same" kernels, strides, dilation, groups, two k
+// blocks, tiles cut short, float and double, one thread and two), and which geometries they leave to im2col.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.hpp"
+
+using namespace kiln;
+
+namespace {
+
+// policy::cpu with every convolution through im2col and gemm: the reference.
+struct im2col_policy : policy::cpu {
+  static constexpr bool direct_convolution = false;
+};
+
+// The AMX path takes the larger products where it is on, and the direct path then steps aside (conv_direct_applies):
+// these tests turn it off so that the direct path runs on every machine.
+struct without_amx {
+  bool saved = kernels::cpu::amx_detail::amx_allowed().load();
+  without_amx() { kernels::cpu::set_amx_gemm(false); }
+  ~without_amx() { kernels::cpu::set_amx_gemm(saved); }
+};
+
+struct thread_count {
+  int saved = num_threads();
+  explicit thread_count(int threads) { set_num_threads(threads); }
+  ~thread_count() { set_num_threads(saved); }
+};
+
+template <class T>
+std::vector<T> normal_values(random_generator& rng, index_t count) {
+  std::vector<T> values(static_cast<std::size_t>(count));
+  for (auto& v : values) v = rng.normal<T>();
+  return values;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// conv2d_forward through the direct path and through im2col, on `threads` threads: the same bits.
+template <class T>
+void check_against_im2col(const conv_geometry& g, index_t batch, bool with_bias, activation act, int threads) {
+  REQUIRE(kernels::cpu::conv_direct_applies<T>(g));
+  random_generator rng(7);
+  const auto x = normal_values<T>(rng, batch * g.in_size());
+  const auto weight = normal_values<T>(rng, g.out_channels * g.group_k());
+  const auto bias = normal_values<T>(rng, g.out_channels);
+  const thread_count team(threads);
+  std::vector<T> direct(static_cast<std::size_t>(batch * g.out_size())), reference(direct.size()),
+      col(static_cast<std::size_t>(batch * g.col_size()));
+  const T* b = with_bias ? bias.data() : nullptr;
+  policy::cpu::conv2d_forward<policy::cpu>(x.data(), weight.data(), b, direct.data(), col.data(), batch, g, act,
+                                           T(0.1));
+  policy::cpu::conv2d_forward<im2col_policy>(x.data(), weight.data(), b, reference.data(), col.data(), batch, g, act,
+                                             T(0.1));
+  CHECK(same_bits(direct, reference));
+}
+
+// conv2d_backward's weight gradient (overwritten, then accumulated onto the weights' values) through the direct path
+// and through im2col: the same bits. The input gradient and the bias gradient are compared too (their paths are
+// shared, so they must not have moved).
+template <class T>
+void check_weight_gradient(const conv_geometry& g, index_t batch, int threads) {
+  REQUIRE(kernels::cpu::conv_direct_weight_gradient_applies<T>(g));
+  random_generator rng(11);
+  const auto x = normal_values<T>(rng, batch * g.in_size());
+  const auto weight = normal_values<T>(rng, g.out_channels * g.group_k());
+  const auto dy = normal_values<T>(rng, batch * g.out_size());
+  const thread_count team(threads);
+  for (const bool accumulate : {false, true}) {
+    CAPTURE(accumulate);
+    std::vector<T> col(static_cast<std::size_t>(batch * g.col_size()));
+    std::vector<T> dweight = weight, reference_dweight = weight;
+    std::vector<T> dbias(static_cast<std::size_t>(g.out_channels)), reference_dbias(dbias.size());
+    std::vector<T> dx(x.size()), reference_dx(x.size());
+    policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), dx.data(), dweight.data(),
+                                              dbias.data(), col.data(), batch, g, accumulate);
+    policy::cpu::conv2d_backward<im2col_policy>(x.data(), weight.data(), dy.data(), reference_dx.data(),
+                                                reference_dweight.data(), reference_dbias.data(), col.data(), batch,
+                                                g, accumulate);
+    CHECK(same_bits(dweight, reference_dweight));
+    CHECK(same_bits(dbias, reference_dbias));
+    CHECK(same_bits(dx, reference_dx));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("direct convolution forward: the bits of im2col and the blocked GEMM") {
+  const without_amx no_amx;
+  struct geometry_case {
+    const char* name;
+    conv_geometry g;
+  };
+  const geometry_case cases[] = {
+      {"the MNIST CNN's second convolution", make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"the MNIST CNN's first convolution", make_conv_geometry(1, 28, 28, 32, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"padded, 10 output channels (a row tile cut short)",
+       make_conv_geometry(5, 19, 21, 10, 3, 3, 1, 1, 1, 1, 1, 1, 1)},
+      {"k = 576: two k blocks", make_conv_geometry(64, 18, 18, 9, 3, 3, 1, 1, 1, 1, 1, 1, 1)},
+      {"5 x 3, dilated, unequal padding, grouped", make_conv_geometry(6, 40, 37, 10, 5, 3, 1, 1, 2, 1, 2, 2, 2)},
+      {"even kernel, same padding (one more after the end)",
+       make_conv_geometry(4, 32, 32, 6, 2, 2, 1, 1, 0, 0, 1, 1, 1, true)},
+      {"same padding, 4 x 4 dilated", make_conv_geometry(3, 33, 60, 7, 4, 4, 1, 1, 0, 0, 2, 2, 1, true)},
+  };
+  for (const auto& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    for (const int threads : {1, 2}) {
+      CAPTURE(threads);
+      check_against_im2col<float>(c.g, 9, true, activation::identity, threads);
+      check_against_im2col<float>(c.g, 9, false, activation::relu, threads);
+      check_against_im2col<float>(c.g, 5, true, activation::gelu, threads);
+      check_against_im2col<double>(c.g, 5, true, activation::leaky_relu, threads);
+    }
+  }
+}
+
+TEST_CASE("direct convolution weight gradient: the bits of im2col and the blocked GEMM") {
+  const without_amx no_amx;
+  struct geometry_case {
+    const char* name;
+    conv_geometry g;
+  };
+  const geometry_case cases[] = {
+      {"the MNIST CNN's second convolution (two k blocks of 12 output rows)",
+       make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"the MNIST CNN's first convolution", make_conv_geometry(1, 28, 28, 32, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"20 output channels (a masked vector), k blocks cut mid-row",
+       make_conv_geometry(3, 27, 27, 20, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"strided and padded, 40 output channels", make_conv_geometry(8, 16, 16, 40, 3, 3, 2, 2, 1, 1, 1, 1, 1)},
+      {"2 x 1 strides, 1 x 2 dilation, grouped", make_conv_geometry(6, 61, 50, 36, 3, 3, 2, 1, 1, 1, 1, 2, 2)},
+      {"even kernel, same padding", make_conv_geometry(4, 32, 32, 24, 2, 2, 1, 1, 0, 0, 1, 1, 1, true)},
+  };
+  for (const auto& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    for (const int threads : {1, 2}) {
+      CAPTURE(threads);
+      // 37 samples: groups of 16, 16 and 5 partial sums.
+      check_weight_gradient<float>(c.g, 37, threads);
+      check_weight_gradient<double>(c.g, 5, threads);
+    }
+  }
+}
+
+TEST_CASE("direct convolution: which geometries it leaves to im2col") {
+  const without_amx no_amx;
+  using kernels::cpu::conv_direct_applies;
+  CHECK(conv_direct_applies<float>(make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
+  // Strided: output positions do not sit at a fixed offset from their windows' input.
+  CHECK_FALSE(conv_direct_applies<float>(make_conv_geometry(32, 26, 26, 64, 3, 3, 2, 2, 0, 0, 1, 1, 1)));
+  CHECK_FALSE(conv_direct_applies<float>(make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 2, 0, 0, 1, 1, 1)));
+  // Pointwise: the GEMM reads the input in place already.
+  CHECK_FALSE(conv_direct_applies<float>(make_conv_geometry(32, 26, 26, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1)));
+  // Narrow planes: 2 of every 8 positions computed would be thrown away (a 1 x 3 kernel on the same plane throws
+  // none: taken).
+  CHECK_FALSE(conv_direct_applies<float>(make_conv_geometry(32, 8, 8, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
+  CHECK(conv_direct_applies<float>(make_conv_geometry(32, 8, 8, 64, 3, 1, 1, 1, 0, 0, 1, 1, 1)));
+  // Products small enough for gemm's direct loop.
+  CHECK_FALSE(conv_direct_applies<float>(make_conv_geometry(1, 6, 20, 2, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
+
+  // The weight gradient sums real positions only: strides and narrow planes are taken, pointwise kernels are not.
+  using kernels::cpu::conv_direct_weight_gradient_applies;
+  CHECK(conv_direct_weight_gradient_applies<float>(make_conv_geometry(32, 26, 26, 64, 3, 3, 2, 2, 0, 0, 1, 1, 1)));
+  CHECK(conv_direct_weight_gradient_applies<float>(make_conv_geometry(32, 8, 8, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
+  CHECK_FALSE(
+      conv_direct_weight_gradient_applies<float>(make_conv_geometry(32, 26, 26, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1)));
+}
