@@ -31,8 +31,9 @@ struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::recurrent_kernels,
              kernels::cpu::cnn_kernels {
   static constexpr const char* name = "cpu";
-  // Unit-stride convolutions read their input in place with the blocked GEMM's arithmetic (conv_direct.hpp) instead
-  // of building im2col's column matrix for gemm: the same bits, where gemm would run the product blocked.
+  // Convolutions' forward (unit strides) and weight gradient read their input in place with the blocked GEMM's
+  // arithmetic (conv_direct.hpp) instead of building im2col's column matrix for gemm: the same bits, where gemm would
+  // run the product blocked.
   static constexpr bool direct_convolution = true;
 
   // The memory contract every policy provides: where its buffers live and how data crosses to and from the host.

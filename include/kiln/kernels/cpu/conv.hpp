@@ -118,19 +118,15 @@ struct conv_kernels {
       for (index_t n = n0; n < n1; ++n) {
         if (direct_weights) {
           conv2d_direct_forward(x + n * g.in_size(), direct_weights, bias, y + n * g.out_size(), g);
-          if (act != activation::identity) {
-            T* out = y + n * g.out_size();
-            Policy::activation_forward(act, out, out, g.out_size(), slope);
-          }
-          continue;
+        } else {
+          const T* columns = sample_columns<Policy>(x, col + n0 * g.col_size(), n, g);
+          for (index_t grp = 0; grp < g.groups; ++grp)
+            Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
+                         columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane,
+                         plane);
+          // The bias goes on each sample while its output is still in cache, on the sample's thread.
+          if (bias) Policy::add_channel_bias(y + n * g.out_size(), bias, 1, g.out_channels, plane);
         }
-        const T* columns = sample_columns<Policy>(x, col + n0 * g.col_size(), n, g);
-        for (index_t grp = 0; grp < g.groups; ++grp)
-          Policy::gemm(false, false, out_per_group, plane, k, T(1), weight + grp * out_per_group * k, k,
-                       columns + grp * k * plane, plane, T(0), y + n * g.out_size() + grp * out_per_group * plane,
-                       plane);
-        // The bias goes on each sample while its output is still in cache, on the sample's thread.
-        if (bias) Policy::add_channel_bias(y + n * g.out_size(), bias, 1, g.out_channels, plane);
         if (act != activation::identity) {
           T* out = y + n * g.out_size();
           Policy::activation_forward(act, out, out, g.out_size(), slope);
@@ -166,7 +162,7 @@ struct conv_kernels {
     if (dweight) {
       const index_t group_weights = out_per_group * k, weights = g.groups * group_weights;
       const index_t sample_groups = (batch + weight_gradient_group - 1) / weight_gradient_group;
-      T* partial = weight_gradient_scratch<T>((sample_groups + 1) * weights);
+      T* partial = conv_scratch<T, conv_scratch_use::weight_gradient_sums>((sample_groups + 1) * weights);
       T* dweight_t = partial + sample_groups * weights;
       bool direct = false;
       if constexpr (requires { requires Policy::direct_convolution; })
@@ -261,14 +257,6 @@ struct conv_kernels {
     if (g.pointwise()) return x + n * g.in_size();
     Policy::im2col(x + n * g.in_size(), place, g);
     return place;
-  }
-  // The calling thread's buffer for the weight gradient's partial sums and their transposed total: grows to the
-  // largest seen, then is reused, so a steady training step allocates nothing.
-  template <class T>
-  static T* weight_gradient_scratch(index_t count) {
-    static thread_local aligned_buffer<T> buffer;
-    if (buffer.size() < count) buffer = aligned_buffer<T>(count);
-    return buffer.data();
   }
 };
 

@@ -27,6 +27,23 @@
 
 namespace kiln::kernels::cpu {
 
+// What a convolution kernel keeps in conv_scratch, one buffer per use and thread.
+enum class conv_scratch_use {
+  padded_input,
+  window_offsets,
+  packed_weights,
+  transposed_output_gradient,
+  weight_gradient_sums
+};
+// The calling thread's buffer for one use: grows to the largest size seen, then is reused, so a steady training step
+// allocates nothing. Valid until the thread's next call for the same use; other threads may read it meanwhile.
+template <class T, conv_scratch_use Use>
+T* conv_scratch(index_t count) {
+  static thread_local aligned_buffer<T> buffer;
+  if (buffer.size() < count) buffer = aligned_buffer<T>(count);
+  return buffer.data();
+}
+
 namespace conv_direct_detail {
 
 // The register tile: Rows output channels by Vecs vectors of output positions. AVX-512: 8 x 3 zmm = 24 accumulators,
@@ -198,20 +215,12 @@ constexpr std::array<gradient_tile_fn<T>, sizeof...(V)> make_gradient_tiles(std:
   return {&gradient_tile<T, gradient_tile_shape<T>::rows, V + 1>...};
 }
 
-// Per-thread scratch that grows to the largest size seen, then is reused: a steady training step allocates nothing.
-template <class T, int Purpose>
-T* scratch(index_t count) {
-  static thread_local aligned_buffer<T> buffer;
-  if (buffer.size() < count) buffer = aligned_buffer<T>(count);
-  return buffer.data();
-}
-
 // One sample's input as the direct kernels read it: x itself, or a copy with its padding in the calling thread's
 // scratch.
 template <class T>
 const T* padded_input(const T* x, const conv_geometry& g, const input_layout& in) {
   if (!in.padded) return x;
-  T* padded = scratch<T, 0>(g.channels * in.plane);
+  T* padded = conv_scratch<T, conv_scratch_use::padded_input>(g.channels * in.plane);
   std::fill_n(padded, g.channels * in.plane, T(0));
   for (index_t c = 0; c < g.channels; ++c)
     for (index_t h = 0; h < g.height; ++h)
@@ -223,7 +232,7 @@ const T* padded_input(const T* x, const conv_geometry& g, const input_layout& in
 // Each window element's offset into one group's input, in im2col's row order (its row p of the column matrix), in
 // the calling thread's scratch.
 inline const index_t* window_offsets(const conv_geometry& g, const input_layout& in) {
-  index_t* offsets = scratch<index_t, 1>(g.group_k());
+  index_t* offsets = conv_scratch<index_t, conv_scratch_use::window_offsets>(g.group_k());
   for (index_t c = 0, p = 0; c < g.channels / g.groups; ++c)
     for (index_t i = 0; i < g.kernel_h; ++i)
       for (index_t j = 0; j < g.kernel_w; ++j)
@@ -255,7 +264,8 @@ template <class T>
 const T* conv_direct_pack_weights(const T* weight, const conv_geometry& g) {
   constexpr index_t rows = conv_direct_detail::tile_shape<T>::rows;
   const index_t k = g.group_k(), out_per_group = g.out_channels / g.groups;
-  T* packed = conv_direct_detail::scratch<T, 2>(g.groups * gemm_detail::round_up(out_per_group, rows) * k);
+  const index_t size = g.groups * gemm_detail::round_up(out_per_group, rows) * k;
+  T* packed = conv_scratch<T, conv_scratch_use::packed_weights>(size);
   T* to = packed;
   for (index_t grp = 0; grp < g.groups; ++grp)
     for (index_t o0 = 0; o0 < out_per_group; o0 += rows)
@@ -351,7 +361,7 @@ void conv2d_direct_weight_gradient(const T* x, const T* dy, T* dweight_t, const 
   const index_t* offsets = window_offsets(g, in);
   // The sample's output gradient transposed, each group's channels padded to whole vectors with zeros.
   const index_t ldb = gemm_detail::round_up(out_per_group, W);
-  T* dy_t = scratch<T, 3>(plane * ldb);
+  T* dy_t = conv_scratch<T, conv_scratch_use::transposed_output_gradient>(plane * ldb);
   static constexpr auto tiles = make_gradient_tiles<T>(std::make_integer_sequence<int, shape::vecs>{});
   for (index_t grp = 0; grp < g.groups; ++grp) {
     const T* group_dy = dy + grp * out_per_group * plane;
