@@ -2,7 +2,8 @@
 // threads, each as GFLOP/s and as a percentage of this machine's single-core FP32 peak, which the bench measures first
 // with a register-only FMA loop. Where kiln's AMX path is active (gemm_amx.hpp), "kiln" is that path and
 // "kiln_avx512" the AVX-512 kernels alone, measured in the same run; "kiln_bf16" is kiln with its operands rounded to
-// bfloat16 (product_precision::bfloat16, policy::cpu_bf16): one tile product instead of six on AMX; "kiln_bf16x3" with
+// bfloat16 (product_precision::bfloat16, policy::cpu_bf16): one tile product instead of six on AMX, or AVX512-BF16's
+// dot products (twice the float FMAs' flop per instruction) on CPUs that have those but no tiles; "kiln_bf16x3" with
 // each operand split into two bfloat16 values (product_precision::bfloat16x3, policy::cpu_bf16x3): three products.
 //
 //   gemm_bench [--threads N] [--quick]
@@ -185,7 +186,10 @@ int main(int argc, char** argv) {
 
   std::vector<const char*> systems = {"kiln"};
   const bool amx = kiln::kernels::cpu::amx_gemm_active();
-  std::printf("kiln's AMX path: %s\n\n", amx ? "active" : "not available on this CPU (or KILN_AMX=0)");
+  std::printf("kiln's AMX path: %s\n", amx ? "active" : "not available on this CPU (or KILN_AMX=0)");
+  std::printf("kiln's AVX512-BF16 path for bfloat16 operands: %s\n\n",
+              kiln::kernels::cpu::bf16_dot_gemm_active() ? (amx ? "built (AMX takes them)" : "active")
+                                                         : "not built for this CPU (or KILN_BF16_DOT=0)");
   if (amx) systems.push_back("kiln_avx512");
   systems.push_back("kiln_bf16x3");
   systems.push_back("kiln_bf16");

@@ -86,14 +86,17 @@ class flags {
 };
 
 // What policy::cpu's single-precision products run on now, for a program's first line: "single-precision products on
-// AMX tiles", "products of bfloat16 operands on AMX tiles", or the same on AVX-512/AVX2 FMAs.
+// AMX tiles", "products of bfloat16 operands on AMX tiles" (or "on AVX512-BF16 dot products" on CPUs without tiles),
+// or the same on AVX-512/AVX2 FMAs.
 inline std::string products_description() {
   using kernels::cpu::product_precision;
   const product_precision precision = kernels::cpu::default_product_precision();
   std::string text = precision == product_precision::bfloat16     ? "products of bfloat16 operands (--precision bf16)"
                      : precision == product_precision::bfloat16x3 ? "products of bfloat16x3 (--precision bf16x3)"
                                                                   : "single-precision products";
-  text.append(kernels::cpu::amx_gemm_active() ? " on AMX tiles" : " on AVX-512/AVX2 FMAs");
+  text.append(kernels::cpu::amx_gemm_active()                  ? " on AMX tiles"
+              : kernels::cpu::bfloat16_path_active(precision) ? " on AVX512-BF16 dot products"
+                                                              : " on AVX-512/AVX2 FMAs");
   return text;
 }
 

@@ -19,6 +19,7 @@
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kiln.hpp"
+#include "thread_settings.hpp"
 
 namespace kiln::precision_test {
 
@@ -27,6 +28,10 @@ using kernels::cpu::product_precision;
 using kernels::cpu::round_to_bfloat16;
 
 inline const bool no_amx = !kernels::cpu::amx_gemm_active();
+
+// Whether products of this precision now take the bfloat16 path (AMX tiles, or for bfloat16 operands AVX512-BF16
+// dot products) where their shape suits it; elsewhere they keep single precision's bits.
+inline bool rounds_products(product_precision precision) { return kernels::cpu::bfloat16_path_active(precision); }
 
 inline float from_bits(std::uint32_t bits) { return std::bit_cast<float>(bits); }
 
@@ -120,11 +125,25 @@ struct product {
   }
 };
 
-// Calls check(pr, ep, beta, on_tiles) for products of every route gemm takes (direct, one column, outer product,
-// narrow, blocked, AMX tiles), every transpose and two epilogues, with the AMX path on and off; on_tiles says whether
-// the product ran on AMX tiles. Single precision's results are checked here: within float rounding of the operands.
+// A Dense layer's forward product (64 x 784 times 784 x 128) twice, with the same values: B stored n x k (first;
+// the bfloat16 path computes it as its transpose, C^T = B A^T) and B stored k x n (second; computed directly).
+inline std::pair<product, product> forward_as_stored_both_ways() {
+  product transposed(false, true, 64, 128, 784, 5);
+  product direct(false, false, 64, 128, 784, 5);
+  direct.a = transposed.a;
+  direct.c = transposed.c;
+  for (index_t p = 0; p < direct.k; ++p)
+    for (index_t j = 0; j < direct.n; ++j)
+      direct.b[std::size_t(p * direct.ldb + j)] = transposed.b[std::size_t(j * transposed.ldb + p)];
+  return {std::move(transposed), std::move(direct)};
+}
+
+// Calls check(pr, ep, beta, on_path) for products of every route gemm takes (direct, one column, outer product,
+// narrow, blocked, the bfloat16 path), every transpose and two epilogues, with each engine of the bfloat16 path on
+// alone and with both off; on_path says whether a product of this precision ran on the bfloat16 path. Single
+// precision's results are checked here: within float rounding of the operands.
 template <class Check>
-void for_every_route(Check&& check) {
+void for_every_route(product_precision precision, Check&& check) {
   struct shape_case {
     index_t m, n, k;
     const char* route;
@@ -132,13 +151,11 @@ void for_every_route(Check&& check) {
   const shape_case shapes[] = {{4, 4, 8, "direct"},     {70, 1, 90, "one column"}, {33, 45, 1, "outer product"},
                                {64, 10, 128, "narrow"}, {37, 45, 71, "blocked"},   {64, 128, 784, "AMX tiles"},
                                {130, 96, 200, "AMX tiles, several row groups"}};
-  for (const bool amx : {true, false}) {
-    if (amx && no_amx) continue;
-    kernels::cpu::set_amx_gemm(amx);
+  for_each_bfloat16_engine([&](const char* engine) {
     for (const auto& s : shapes) {
       for (const bool ta : {false, true}) {
         for (const bool tb : {false, true}) {
-          CAPTURE(amx);
+          CAPTURE(engine);
           CAPTURE(s.route);
           CAPTURE(ta);
           CAPTURE(tb);
@@ -148,13 +165,12 @@ void for_every_route(Check&& check) {
                                          std::pair{epilogue<float>{bias.data(), activation::relu}, 0.5f}}) {
             const auto single = pr.run(product_precision::single, ep, beta);
             CHECK(pr.worst_error(single, product_precision::single, ep, beta) <= 2e-7 * double(s.k + 2));
-            check(pr, ep, beta, amx && std::strncmp(s.route, "AMX", 3) == 0);
+            check(pr, ep, beta, rounds_products(precision) && std::strncmp(s.route, "AMX", 3) == 0);
           }
         }
       }
     }
-  }
-  kernels::cpu::set_amx_gemm(!no_amx);  // as the test started (KILN_AMX=0 keeps it off)
+  });
 }
 
 // A small MLP's losses and trained parameters after `steps` Adam steps on one batch, in static mode under Policy.
@@ -211,7 +227,7 @@ void check_same_losses(Net& net, nn::Sequential& model, const std::pair<Tensor<f
 
 // Policy (a fixed-precision CPU policy, which is also this program's dynamic policy) trains a static MLP as dynamic
 // mode does, bit for bit, with losses within `tolerance` (relative) of policy::cpu's; different from them where the
-// products run on AMX tiles.
+// products run on the bfloat16 path.
 template <class Policy>
 void check_mlp_in_both_modes(float tolerance) {
   const auto [x, y] = mnist_like_batch(3);
@@ -248,7 +264,8 @@ void check_mlp_in_both_modes(float tolerance) {
     CHECK(std::abs(losses[step] - float_losses[step]) <= tolerance * std::abs(float_losses[step]));
     any_differs_from_float |= losses[step] != float_losses[step];
   }
-  CHECK(any_differs_from_float != no_amx);  // the 784 x 128 layer's products run on AMX tiles where there are any
+  // The 784 x 128 layer's products run on the bfloat16 path where there is one for this precision.
+  CHECK(any_differs_from_float == rounds_products(Policy::precision));
   std::vector<float> dynamic_trained;
   for (const auto& [name, tensor] : model.state_dict())
     dynamic_trained.insert(dynamic_trained.end(), tensor.data(), tensor.data() + tensor.numel());
@@ -292,7 +309,7 @@ void check_global_switch() {
   const auto back = static_mlp_losses<policy::cpu>(x, y, 3);
   CHECK(switched == fixed_in_type);
   CHECK(back == single);
-  CHECK((switched != single) != no_amx);
+  CHECK((switched != single) == rounds_products(Policy::precision));
 }
 
 }  // namespace kiln::precision_test

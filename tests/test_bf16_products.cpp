@@ -1,8 +1,9 @@
 // Products of bfloat16 operands (product_precision::bfloat16, policy::cpu_bf16): rounding to nearest with ties to
-// even; the products on AMX tiles against a double reference over the rounded operands, every other route with
-// single precision's bits; prepacked right-hand sides; both modes under policy::cpu_bf16 giving the same bits. The
-// checks that bfloat16 changed a result are skipped where the CPU has no AMX (there nothing changes). Dynamic mode's
-// policy is chosen before kiln is included, for this whole program.
+// even; the products on the bfloat16 path (AMX tiles, or AVX512-BF16 dot products where there are no tiles) against a
+// double reference over the rounded operands, every other route with single precision's bits; prepacked right-hand
+// sides, products computed as their transpose and in parts; both modes under policy::cpu_bf16 giving the same bits.
+// The checks that bfloat16 changed a result are skipped where the CPU has neither engine (there nothing changes).
+// Dynamic mode's policy is chosen before kiln is included, for this whole program.
 #define KILN_DYNAMIC_POLICY ::kiln::policy::cpu_bf16
 #include "precision_products.hpp"
 
@@ -30,7 +31,8 @@ TEST_CASE("rounding to bfloat16: to nearest, ties to even, infinities and NaN ke
   CHECK((std::bit_cast<std::uint32_t>(round_to_bfloat16(0.3f)) & 0xFFFFu) == 0u);
 }
 
-TEST_CASE("a product with one term per output on AMX tiles gives each operand rounded" * doctest::skip(no_amx)) {
+TEST_CASE("a product with one term per output on the bfloat16 path gives each operand rounded" *
+          doctest::skip(!rounds_products(bf16))) {
   // A holds one 1 per row, so that every output is one element of B rounded: the rounding the packing does must be
   // round_to_bfloat16's, bit for bit, halfway cases included, whichever way B is stored.
   const index_t m = 48, n = 128, k = 160;  // n * k >= 128^2: on the tiles
@@ -57,15 +59,16 @@ TEST_CASE("a product with one term per output on AMX tiles gives each operand ro
   }
 }
 
-TEST_CASE("bfloat16 operands: float sums of the rounded operands on AMX tiles, single precision's bits elsewhere") {
-  for_every_route([](const product& pr, const epilogue<float>& ep, float beta, bool on_tiles) {
+TEST_CASE("bfloat16 operands: float sums of the rounded operands on the bfloat16 path, single precision's bits "
+          "elsewhere") {
+  for_every_route(bf16, [](const product& pr, const epilogue<float>& ep, float beta, bool on_path) {
     const auto out = pr.run(bf16, ep, beta);
-    if (on_tiles) {
+    if (on_path) {
       // Against the rounded operands: a float dot product's error (k terms, each sum rounded once). Against the
       // operands themselves the rounding shows (bfloat16 keeps 8 bits).
       CHECK(pr.worst_error(out, bf16, ep, beta) <= 2e-7 * double(pr.k + 2));
       CHECK(pr.worst_error(out, product_precision::single, ep, beta) > 1e-4);
-    } else {  // too small for the tiles, or no tiles: single precision, bit for bit
+    } else {  // too small for the bfloat16 path, or no engine for it: single precision, bit for bit
       const auto single = pr.run(product_precision::single, ep, beta);
       CHECK(std::memcmp(out.data(), single.data(), out.size() * sizeof(float)) == 0);
     }
@@ -83,9 +86,8 @@ TEST_CASE("bfloat16 products: the same bits on one thread and two, and with the 
   set_num_threads(saved_threads);
   CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
 
-  for (const bool amx : {true, false}) {
-    CAPTURE(amx);
-    kernels::cpu::set_amx_gemm(amx);  // off (or no AMX): single precision, packed and not
+  for_each_bfloat16_engine([](const char* engine) {  // none: single precision, packed and not
+    CAPTURE(engine);
     // A recurrent layer's W_hh: packed once (rounded), then multiplied by several left-hand sides.
     const product step(false, true, 64, 128, 96, 9);
     std::vector<float> packed(std::size_t(kernels::cpu::packed_gemm_b_size<float>(step.k, step.n)));
@@ -95,8 +97,33 @@ TEST_CASE("bfloat16 products: the same bits on one thread and two, and with the 
                                           0.0f, out.data(), step.ldc, {}, bf16);
     const auto direct = step.run(bf16, {}, 0.0f);
     CHECK(std::memcmp(out.data(), direct.data(), out.size() * sizeof(float)) == 0);
-  }
-  kernels::cpu::set_amx_gemm(!no_amx);  // as the test started (KILN_AMX=0 keeps it off)
+  });
+}
+
+TEST_CASE("a bfloat16 product computed as its transpose, or in parts, has the bits of the product computed whole") {
+  // B stored n x k with fewer rows than columns (a Dense layer's forward) runs as C^T = B A^T on the bfloat16 path;
+  // B stored k x n runs directly. Each element adds the same exact pair products in the same order either way.
+  const auto [transposed, direct] = forward_as_stored_both_ways();
+  for_each_bfloat16_engine([&](const char* engine) {
+    CAPTURE(engine);
+    const epilogue<float> fused{transposed.bias.data(), activation::relu};
+    const auto one = transposed.run(bf16, fused, 0.5f);
+    CHECK(std::memcmp(one.data(), direct.run(bf16, fused, 0.5f).data(), one.size() * sizeof(float)) == 0);
+    const auto single = transposed.run(product_precision::single, fused, 0.5f);
+    CHECK((std::memcmp(one.data(), single.data(), one.size() * sizeof(float)) != 0) == rounds_products(bf16));
+
+    // gemm_part's parts (a fused training step's threads each take one), with beta 0: the whole product's bits.
+    REQUIRE(kernels::cpu::gemm_splits<float>(false, true, 64, 128, 784, bf16));
+    std::vector<float> whole = transposed.c, parts = transposed.c;
+    kernels::cpu::gemm<float>(false, true, 64, 128, 784, 1.0f, transposed.a.data(), transposed.lda,
+                              transposed.b.data(), transposed.ldb, 0.0f, whole.data(), transposed.ldc, fused, bf16);
+    for (const auto& [i0, i1] : {std::pair<index_t, index_t>{0, 16}, {16, 64}})
+      for (const auto& [j0, j1] : {std::pair<index_t, index_t>{0, 48}, {48, 128}})
+        kernels::cpu::gemm_part<float>(false, true, 64, 128, 784, 1.0f, transposed.a.data(), transposed.lda,
+                                       transposed.b.data(), transposed.ldb, parts.data(), transposed.ldc, i0, i1, j0,
+                                       j1, fused, bf16);
+    CHECK(std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float)) == 0);
+  });
 }
 
 TEST_CASE("policy::cpu_bf16 trains a static MLP as dynamic mode does, bit for bit, near policy::cpu's losses") {

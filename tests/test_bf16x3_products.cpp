@@ -90,7 +90,7 @@ TEST_CASE("a bfloat16x3 product with one term per output gives each operand's tw
 
 TEST_CASE("bfloat16x3: float sums of the piece products on AMX tiles, between single precision and bfloat16; "
           "single precision's bits elsewhere") {
-  for_every_route([](const product& pr, const epilogue<float>& ep, float beta, bool on_tiles) {
+  for_every_route(bf16x3, [](const product& pr, const epilogue<float>& ep, float beta, bool on_tiles) {
     const auto out = pr.run(bf16x3, ep, beta);
     const auto single = pr.run(product_precision::single, ep, beta);
     if (on_tiles) {
@@ -112,13 +112,7 @@ TEST_CASE("bfloat16x3: float sums of the piece products on AMX tiles, between si
 TEST_CASE("a bfloat16x3 product computed as its transpose, on two threads, or with B packed once: the same bits") {
   // B stored n x k with fewer rows than columns (a Dense layer's forward) runs as C^T = B A^T, with the piece products
   // in the mirrored order; B stored k x n runs directly. Each element must add the same products in the same order.
-  const product transposed(false, true, 64, 128, 784, 5);
-  product direct(false, false, 64, 128, 784, 5);
-  direct.a = transposed.a;
-  direct.c = transposed.c;
-  for (index_t p = 0; p < direct.k; ++p)
-    for (index_t j = 0; j < direct.n; ++j)
-      direct.b[std::size_t(p * direct.ldb + j)] = transposed.b[std::size_t(j * transposed.ldb + p)];
+  const auto [transposed, direct] = forward_as_stored_both_ways();
   const epilogue<float> fused{transposed.bias.data(), activation::relu};
   const auto one = transposed.run(bf16x3, fused, 0.5f);
   const auto straight = direct.run(bf16x3, fused, 0.5f);

@@ -59,6 +59,8 @@ struct cpu : kernels::cpu::elementwise_kernels,
     kernels::cpu::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep,
                        kernels::cpu::default_product_precision());
   }
+  // The precision its single-precision products take now (a convolution asks, to choose its path as gemm would).
+  static kernels::cpu::product_precision gemm_precision() { return kernels::cpu::default_product_precision(); }
 
   // A right-hand side that many products use in turn (a recurrent layer's W_hh, at every time step), packed once into
   // the calling thread's scratch: valid until that thread's next prepack_b. Null where a policy does not pack.
@@ -81,9 +83,7 @@ struct cpu : kernels::cpu::elementwise_kernels,
   // a parallel region; the kernels inside then run single-threaded.
   template <class Body>
   static void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
-    // At least 16 rows a slice while the AMX path is on: it takes a product by its shape above 16 rows only (see
-    // amx_worthwhile), so every slice then runs the path the whole batch would, with the same bits.
-    slices_worth_a_thread(batch, work_per_row, kernels::cpu::amx_gemm_active() ? 16 : 8, body);
+    batch_slices(batch, work_per_row, gemm_precision(), body);
   }
   // Runs body(begin, end) over slices of `count` independent jobs of work_per_job multiply-adds each (a convolution's
   // per-group weight gradients), one slice per thread when that is worth a parallel region.
@@ -92,7 +92,16 @@ struct cpu : kernels::cpu::elementwise_kernels,
     slices_worth_a_thread(count, work_per_job, 1, body);
   }
 
- private:
+ protected:
+  // for_batch_slices for products of this precision. At least 16 rows a slice where they take the bfloat16 path
+  // (AMX tiles, or AVX512-BF16 dot products): it takes a product by its shape above 16 rows only (see
+  // amx_worthwhile), so every slice then runs the path the whole batch would, with the same bits.
+  template <class Body>
+  static void batch_slices(index_t batch, index_t work_per_row, kernels::cpu::product_precision precision,
+                           Body&& body) {
+    slices_worth_a_thread(batch, work_per_row, kernels::cpu::bfloat16_path_active(precision) ? 16 : 8, body);
+  }
+
   // One slice per thread, each of at least `floor` items and of parallel_min_work multiply-adds.
   template <class Body>
   static void slices_worth_a_thread(index_t count, index_t work_per_item, index_t floor, Body&& body) {
@@ -114,6 +123,11 @@ struct cpu_fixed_precision : cpu {
                    const kernels::cpu::epilogue<T>& ep = {}) {
     kernels::cpu::gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep, precision);
   }
+  static constexpr kernels::cpu::product_precision gemm_precision() { return Precision; }
+  template <class Body>
+  static void for_batch_slices(index_t batch, index_t work_per_row, Body&& body) {
+    batch_slices(batch, work_per_row, Precision, body);
+  }
   template <class T>
   static const T* prepack_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb) {
     T* packed = kernels::cpu::packed_gemm_b_scratch<T>(k, n);
@@ -129,8 +143,9 @@ struct cpu_fixed_precision : cpu {
 
 // policy::cpu with bfloat16 allowed in its single-precision products, as torch.set_float32_matmul_precision("medium")
 // allows PyTorch's: every product that runs on AMX tiles (Dense, Conv2D, the recurrent layers' gates, in both modes)
-// rounds its operands to bfloat16 and keeps its sums in float, one tile product where float operands take six.
-// Smaller products, and all of them on CPUs without AMX, stay single precision (product_precision.hpp). Everything
+// rounds its operands to bfloat16 and keeps its sums in float, one tile product where float operands take six; on
+// CPUs with AVX512-BF16 but no AMX the same products run on its dot products, twice the float FMAs' rate. Smaller
+// products, and all of them on CPUs with neither, stay single precision (product_precision.hpp). Everything
 // else (activations, losses, the optimizers' updates, the parameters themselves) stays float. An operand rounded to
 // bfloat16 carries a relative error of up to 2^-8 (0.4%) instead of float's 2^-24. policy::cpu takes the same
 // arithmetic from set_default_product_precision; this type fixes it for one model.

@@ -110,7 +110,7 @@ struct conv_kernels {
     // the weights are packed for it once, here, and read by every thread.
     const T* direct_weights = nullptr;
     if constexpr (requires { requires Policy::direct_convolution; }) {
-      if (conv_direct_applies<T>(g)) direct_weights = conv_direct_pack_weights(weight, g);
+      if (conv_direct_applies<T>(g, Policy::gemm_precision())) direct_weights = conv_direct_pack_weights(weight, g);
     }
     // Samples are independent: each thread takes a slice of the batch (im2col included), rather than every small
     // per-sample GEMM forking and joining the threads while im2col runs on one.
@@ -166,7 +166,7 @@ struct conv_kernels {
       T* dweight_t = partial + sample_groups * weights;
       bool direct = false;
       if constexpr (requires { requires Policy::direct_convolution; })
-        direct = conv_direct_weight_gradient_applies<T>(g);
+        direct = conv_direct_weight_gradient_applies<T>(g, Policy::gemm_precision());
       Policy::for_jobs(sample_groups, weight_gradient_group * g.out_channels * plane * k, [&](index_t s0, index_t s1) {
         // Each thread builds its samples' columns in the place of its first sample's, as in the forward.
         T* place = col + s0 * weight_gradient_group * g.col_size();

@@ -244,13 +244,13 @@ inline const index_t* window_offsets(const conv_geometry& g, const input_layout&
 
 // Whether conv2d_direct_forward computes this convolution, with the bits of im2col and the blocked GEMM: unit
 // strides, a window wider than one pixel (a pointwise kernel already reads its input in place), gemm taking the
-// per-group product blocked (not on AMX tiles, nor a small product's direct loop), and at most one computed position
-// in eight thrown away.
+// per-group product blocked at the policy's precision (not on the bfloat16 path, nor a small product's direct loop),
+// and at most one computed position in eight thrown away.
 template <class T>
-bool conv_direct_applies(const conv_geometry& g) {
+bool conv_direct_applies(const conv_geometry& g, product_precision precision = product_precision::single) {
   if (g.stride_h != 1 || g.stride_w != 1 || g.pointwise() || g.out_height < 1 || g.out_width < 1) return false;
   const index_t plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
-  if (gemm_detail::route_of<T>(false, false, out_per_group, plane, g.group_k(), plane) !=
+  if (gemm_detail::route_of<T>(false, false, out_per_group, plane, g.group_k(), plane, precision) !=
       gemm_detail::gemm_route::blocked)
     return false;
   const auto in = conv_direct_detail::layout_of(g);
@@ -338,11 +338,12 @@ void conv2d_direct_forward(const T* x, const T* packed, const T* bias, T* y, con
 // gemm taking the per-sample product dW^T += col dy^T blocked. Only real output positions are summed, so nothing is
 // thrown away.
 template <class T>
-bool conv_direct_weight_gradient_applies(const conv_geometry& g) {
+bool conv_direct_weight_gradient_applies(const conv_geometry& g,
+                                         product_precision precision = product_precision::single) {
   if (g.pointwise() || g.out_height < 1 || g.out_width < 1) return false;
   const index_t out_per_group = g.out_channels / g.groups;
-  return gemm_detail::route_of<T>(false, true, g.group_k(), out_per_group, g.out_plane(), out_per_group) ==
-         gemm_detail::gemm_route::blocked;
+  return gemm_detail::route_of<T>(false, true, g.group_k(), out_per_group, g.out_plane(), out_per_group,
+                                  precision) == gemm_detail::gemm_route::blocked;
 }
 
 // One sample's term of the transposed weight gradient: dweight_t (+)= col dy^T, where col is im2col of x (never

@@ -85,15 +85,17 @@ inline constexpr index_t fused_mlp_unit_tile = 16;
 // most, and one where a product that the step splits would not run the same way in parts: the products split by
 // hidden units must run blocked or on AMX tiles (gemm_splits), and the head's forward must take the same path on
 // each thread's rows as on the whole batch (then every row comes out the same).
-inline int fused_mlp_threads(index_t batch, index_t in, index_t hidden, index_t out) {
+inline int fused_mlp_threads(index_t batch, index_t in, index_t hidden, index_t out,
+                             product_precision precision = product_precision::single) {
   const index_t tiles = (hidden + fused_mlp_unit_tile - 1) / fused_mlp_unit_tile;
   const int most = int(std::min({index_t(num_threads()), tiles, batch}));
-  if (most <= 1 || !gemm_splits<float>(false, true, batch, hidden, in) ||
-      !gemm_splits<float>(true, false, hidden, in, batch) || !gemm_splits<float>(false, false, batch, hidden, out) ||
-      !gemm_splits<float>(true, false, out, hidden, batch))
+  if (most <= 1 || !gemm_splits<float>(false, true, batch, hidden, in, precision) ||
+      !gemm_splits<float>(true, false, hidden, in, batch, precision) ||
+      !gemm_splits<float>(false, false, batch, hidden, out, precision) ||
+      !gemm_splits<float>(true, false, out, hidden, batch, precision))
     return 1;
   const auto head_route = [&](index_t rows) {
-    return gemm_detail::route_of<float>(false, true, rows, out, hidden, out);
+    return gemm_detail::route_of<float>(false, true, rows, out, hidden, out, precision);
   };
   for (int team = 2; team <= most; ++team) {
     const thread_split rows = thread_split::equal(team);
@@ -127,10 +129,11 @@ inline void product_part(bool transpose_a, bool transpose_b, index_t m, index_t 
 
 // Whether head_backward_part gives the bits of the two products it replaces: gemm must run both on the blocked path
 // (not AMX tiles, narrow or direct) in one k block, where every element is one FMA chain over k from zero.
-inline bool head_backward_fusable(index_t batch, index_t hidden, index_t out) {
+inline bool head_backward_fusable(index_t batch, index_t hidden, index_t out,
+                                  product_precision precision = product_precision::single) {
   using gemm_detail::gemm_route;
-  return gemm_detail::route_of<float>(true, false, out, hidden, batch, hidden) == gemm_route::blocked &&
-         gemm_detail::route_of<float>(false, false, batch, hidden, out, hidden) == gemm_route::blocked &&
+  return gemm_detail::route_of<float>(true, false, out, hidden, batch, hidden, precision) == gemm_route::blocked &&
+         gemm_detail::route_of<float>(false, false, batch, hidden, out, hidden, precision) == gemm_route::blocked &&
          gemm_detail::k_block_depth<float>(batch) == batch && gemm_detail::k_block_depth<float>(out) == out;
 }
 
@@ -286,7 +289,7 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // This thread's columns of W2's gradient and of dL/dhidden (as Dense<out>'s backward), the ReLU's backward on them
   // in place and their bias gradient (as Dense<hidden, ReLU>'s backward), W2's update (only this thread reads these
   // columns of W2 after the barrier), then its rows of W1's gradient and the update of W1 and b1.
-  if (head_backward_fusable(batch, hidden, out)) {
+  if (head_backward_fusable(batch, hidden, out, a.precision)) {
     head_backward_part(head, h, a.w2.value, a.w2.grad, dh, a.b1.grad, batch, hidden, out, u0, u1);
   } else {
     product_part(true, false, out, hidden, batch, head, out, h, hidden, a.w2.grad, hidden, 0, out, u0, u1, {},
@@ -319,7 +322,7 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
 inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& balance) {
   using steady = std::chrono::steady_clock;
   const steady::time_point step_start = a.parts ? steady::now() : steady::time_point{};  // read only when profiling
-  const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out);
+  const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out, a.precision);
   double busy = 0;
 #if defined(_OPENMP)
   if (threads > 1) {

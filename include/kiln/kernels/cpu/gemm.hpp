@@ -521,18 +521,20 @@ inline bool amx_worthwhile(index_t m, index_t n, index_t k) { return m >= 16 && 
 }  // namespace gemm_detail
 
 namespace gemm_detail {
-// The kernel gemm runs a product on, chosen by its shape and layout alone (and whether the AMX path is on).
+// The kernel gemm runs a product on, chosen by its shape and layout alone (and whether the bfloat16 path is on for
+// its precision: AMX tiles, or AVX512-BF16 dot products for bfloat16 operands).
 enum class gemm_route { direct, single_column, outer, narrow, amx, blocked };
 
 template <class T>
-gemm_route route_of(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, index_t ldc) {
+gemm_route route_of(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, index_t ldc,
+                    [[maybe_unused]] product_precision precision = product_precision::single) {
   if (k <= 0 || m * n * k <= direct_max_work) return gemm_route::direct;
   if (n == 1 && ldc == 1 && m > 1) return gemm_route::single_column;
   if (k == 1) return gemm_route::outer;
   if (narrow_product<T>(transpose_a, transpose_b, n, k)) return gemm_route::narrow;
-#if KILN_HAS_AMX
+#if KILN_HAS_BF16_BLOCKS
   if constexpr (std::is_same_v<T, float>) {
-    if (amx_worthwhile(m, n, k) && amx_gemm_active()) return gemm_route::amx;
+    if (amx_worthwhile(m, n, k) && bfloat16_path_active(precision)) return gemm_route::amx;
   }
 #endif
   return gemm_route::blocked;
@@ -544,7 +546,7 @@ namespace gemm_detail {
 // path's layout, after the AVX-512 one: the number of elements of T that layout takes there (0 where it cannot).
 template <class T>
 index_t packed_amx_b_elements(index_t k, index_t n) {
-#if KILN_HAS_AMX
+#if KILN_HAS_BF16_BLOCKS
   if constexpr (std::is_same_v<T, float>) {
     if (amx_n_k_worthwhile(n, k)) return round_up(amx_detail::packed_amx_b_size(k, n), 32) / 2;
   }
@@ -563,10 +565,11 @@ index_t packed_gemm_b_size(index_t k, index_t n) {
 
 // Packs op(B) (k x n) into `packed` (packed_gemm_b_size elements), laid out as the blocked GEMM reads it: for each
 // k block, the nr-wide column panels of all of n. A matrix multiplied by many left-hand sides in turn (a recurrent
-// layer's W_hh, once per time step) is then packed once instead of once per product. Where the AMX path is active
-// (gemm_amx.hpp), op(B) is packed a second time after that, in the AMX path's layout, so that gemm_prepacked_b can
-// take whichever path gemm would take for the same product. (Pack after set_amx_gemm, not before.) With precision
-// bfloat16, the AMX layout holds B rounded, for gemm_prepacked_b with the same precision.
+// layer's W_hh, once per time step) is then packed once instead of once per product. Where the bfloat16 path is
+// active for this precision (gemm_amx.hpp: AMX tiles, or AVX512-BF16 dot products for bfloat16 operands), op(B) is
+// packed a second time after that, in that path's layout, so that gemm_prepacked_b can take whichever path gemm would
+// take for the same product. (Pack after set_amx_gemm and set_bf16_dot_gemm, not before.) With precision bfloat16,
+// that layout holds B rounded, for gemm_prepacked_b with the same precision.
 template <class T>
 void pack_gemm_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb, T* packed,
                  [[maybe_unused]] product_precision precision = product_precision::single) {
@@ -580,9 +583,9 @@ void pack_gemm_b(bool transpose_b, index_t k, index_t n, const T* b, index_t ldb
       pack_b<T, nr>(transpose_b, g.b_at(pc, q * nr), ldb, int(std::min<index_t>(nr, n - q * nr)), kc,
                     packed + packed_b_panel_offset<T>(pc, kc, n, q));
   }
-#if KILN_HAS_AMX
+#if KILN_HAS_BF16_BLOCKS
   if constexpr (std::is_same_v<T, float>) {
-    if (packed_amx_b_elements<T>(k, n) > 0 && amx_gemm_active())
+    if (packed_amx_b_elements<T>(k, n) > 0 && bfloat16_path_active(precision))
       amx_detail::pack_amx_b(transpose_b, k, n, b, ldb,
                              reinterpret_cast<amx_detail::bf16_bits*>(packed + k * round_up(n, index_t(nr))),
                              precision);
@@ -602,14 +605,15 @@ T* packed_gemm_b_scratch(index_t k, index_t n) {
 // beta == 0 overwrites C without reading it (C may hold NaN). Deterministic: every element's sum over k runs in
 // the same order whatever the thread count; that order depends on the shape and layout alone (one FMA chain per
 // element, or, for narrow products, one per phase: see gemm_narrow.hpp). With precision bfloat16 (float only), a
-// product that runs on AMX tiles rounds both operands to bfloat16 first (product_precision.hpp).
+// product that runs on the bfloat16 path (AMX tiles, or AVX512-BF16 dot products on CPUs without tiles) rounds both
+// operands to bfloat16 first (product_precision.hpp).
 template <class T>
 void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T alpha, const T* a, index_t lda,
           const T* b, index_t ldb, T beta, T* c, index_t ldc, const epilogue<T>& ep = {},
           [[maybe_unused]] product_precision precision = product_precision::single) {
   using gemm_detail::gemm_route;
   if (m <= 0 || n <= 0) return;
-  const gemm_route route = gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, ldc);
+  const gemm_route route = gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, ldc, precision);
   const gemm_detail::gemm_problem<T> g{transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, &ep};
   switch (route) {
     case gemm_route::direct: gemm_detail::gemm_direct(g); return;
@@ -617,7 +621,7 @@ void gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k, T
     case gemm_route::outer: gemm_detail::gemm_outer(g); return;
     case gemm_route::narrow: gemm_detail::gemm_narrow(g); return;
     case gemm_route::amx:
-#if KILN_HAS_AMX
+#if KILN_HAS_BF16_BLOCKS
       if constexpr (std::is_same_v<T, float>) {
         const int threads = m * n * k >= gemm_detail::parallel_min_work ? num_threads() : 1;
         amx_detail::amx_gemm(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, ep.bias, ep.act,
@@ -643,9 +647,9 @@ void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha
     gemm(transpose_a, false, m, n, k, alpha, a, lda, c, ldc, beta, c, ldc, ep);
     return;
   }
-#if KILN_HAS_AMX
+#if KILN_HAS_BF16_BLOCKS
   if constexpr (std::is_same_v<T, float>) {
-    if (gemm_detail::amx_worthwhile(m, n, k) && amx_gemm_active()) {
+    if (gemm_detail::amx_worthwhile(m, n, k) && bfloat16_path_active(precision)) {
       const int threads = m * n * k >= gemm_detail::parallel_min_work ? num_threads() : 1;
       const auto* amx_packed = reinterpret_cast<const amx_detail::bf16_bits*>(
           b_packed + k * gemm_detail::round_up(n, index_t(gemm_detail::register_block<T>::nr)));
@@ -664,9 +668,10 @@ void gemm_prepacked_b(bool transpose_a, index_t m, index_t n, index_t k, T alpha
 // the same whatever part of C a call computes. The other paths take small or narrow products, which are computed
 // whole.
 template <class T>
-bool gemm_splits(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k) {
+bool gemm_splits(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t k,
+                 product_precision precision = product_precision::single) {
   using gemm_detail::gemm_route;
-  const gemm_route route = gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, n);
+  const gemm_route route = gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, n, precision);
   return m > 0 && n > 0 && (route == gemm_route::amx || route == gemm_route::blocked);
 }
 
@@ -683,16 +688,16 @@ void gemm_part(bool transpose_a, bool transpose_b, index_t m, index_t n, index_t
                [[maybe_unused]] product_precision precision = product_precision::single,
                double first_tile_share = 0) {
   using gemm_detail::gemm_route;
-  if (!gemm_splits<T>(transpose_a, transpose_b, m, n, k) || ldc < n)
+  if (!gemm_splits<T>(transpose_a, transpose_b, m, n, k, precision) || ldc < n)
     fail("gemm_part: expected a product that gemm runs blocked or on AMX tiles, with ldc >= n, found ", m, " x ", n,
          " x ", k, " with ldc ", ldc);
   if (i0 % 16 != 0 || j0 % 16 != 0 || i0 < 0 || j0 < 0 || i1 > m || j1 > n)
     fail("gemm_part: expected a part of the ", m, " x ", n, " product starting on multiples of 16, found rows [", i0,
          ", ", i1, ") and columns [", j0, ", ", j1, ")");
   if (i0 >= i1 || j0 >= j1) return;
-#if KILN_HAS_AMX
+#if KILN_HAS_BF16_BLOCKS
   if constexpr (std::is_same_v<T, float>) {
-    if (gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, ldc) == gemm_route::amx) {
+    if (gemm_detail::route_of<T>(transpose_a, transpose_b, m, n, k, ldc, precision) == gemm_route::amx) {
       amx_detail::amx_gemm_part(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, ep.bias, ep.act,
                                 ep.slope, precision, i0, i1, j0, j1);
       return;

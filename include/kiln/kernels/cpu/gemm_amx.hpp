@@ -34,11 +34,14 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/env_switch.hpp"
+#include "kiln/core/error.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/core/threads.hpp"
+#include "kiln/kernels/cpu/gemm_bf16_dot.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
 #include "kiln/kernels/cpu/gemm_scratch.hpp"
 #include "kiln/kernels/cpu/product_precision.hpp"
@@ -55,6 +58,9 @@
 #else
 #define KILN_HAS_AMX 0
 #endif
+// The packing, blocking and threading below serve two engines of the same layout: AMX tiles (every precision) and,
+// for bfloat16 operands on CPUs without AMX, AVX512-BF16's dot products (gemm_bf16_dot.hpp).
+#define KILN_HAS_BF16_BLOCKS (KILN_HAS_AMX || KILN_HAS_BF16_DOT)
 
 namespace kiln::kernels::cpu {
 
@@ -96,7 +102,14 @@ inline bool amx_gemm_active() {
   return amx_detail::amx_allowed().load(std::memory_order_relaxed) && amx_detail::amx_supported();
 }
 
-#if KILN_HAS_AMX
+// Whether products of this precision take the bfloat16 path (operands packed into bfloat16 tiles, below) where their
+// shape suits it (gemm.hpp's amx_worthwhile): every precision while AMX is active; bfloat16 operands also on
+// AVX512-BF16's dot products while that path is on (gemm_bf16_dot.hpp).
+inline bool bfloat16_path_active(product_precision precision) {
+  return amx_gemm_active() || (precision == product_precision::bfloat16 && bf16_dot_gemm_active());
+}
+
+#if KILN_HAS_BF16_BLOCKS
 namespace amx_detail {
 
 inline constexpr index_t tile_rows = 16;    // rows of every tile; columns of a C or B tile
@@ -113,6 +126,7 @@ inline constexpr index_t b_block_bytes = 1 << 20;
 
 using bf16_bits = std::uint16_t;
 
+#if KILN_HAS_AMX
 // The tile palette: all eight tiles 16 rows of 64 bytes.
 struct alignas(64) tile_config {
   std::uint8_t palette = 1;
@@ -134,6 +148,7 @@ class tile_session {
   tile_session(const tile_session&) = delete;
   tile_session& operator=(const tile_session&) = delete;
 };
+#endif  // KILN_HAS_AMX
 
 // The three pieces of 16 floats, each a float whose low 16 bits are zero: its bfloat16 is its high half.
 struct split_floats {
@@ -357,6 +372,7 @@ void pack_b_chunk(bool transpose_b, const float* b, index_t ldb, index_t p0, ind
   pack_b_rows<Pieces>(columns_along_n, 16, 32, 16, dst);
 }
 
+#if KILN_HAS_AMX
 // The register blocking: 2 x 2 C tiles (0-3), two A row tiles (4, 5) and two B column tiles (6, 7). A tile product
 // takes 16 cycles to issue but about three times that to finish, and the next product into the same C tile waits
 // for it: four independent accumulators, used in turn, keep the unit busy. (Six products in a row into one C tile, a
@@ -465,6 +481,7 @@ KILN_NOINLINE void block_product(const bf16_bits* a, index_t a_tile_stride, cons
   if constexpr (Rows > 1) _tile_stored(2, acc10, stride_bytes);
   if constexpr (Rows > 1 && Cols > 1) _tile_stored(3, acc10 + tile_rows, stride_bytes);
 }
+#endif  // KILN_HAS_AMX
 
 // The arguments of one product, as gemm received them.
 struct amx_problem {
@@ -486,6 +503,9 @@ struct amx_problem {
   // its element (i, j) is stored to c[j * ldc + i] with bias[i] (see amx_gemm).
   bool transposed_output = false;
   int pieces = int(float_pieces);  // of each operand: 3 (float operands), 2 (bfloat16x3) or 1 (bfloat16 operands)
+  // The engine: AMX tiles, or AVX512-BF16 dot products (bfloat16 operands only). Chosen once per product, so that
+  // every part of it runs the same arithmetic.
+  bool on_tiles = true;
 };
 
 // Stores the finished sums of one block of tile rows [i_begin, i_end) x columns [j_begin, j_end) (at most 32 x 32,
@@ -613,6 +633,7 @@ inline void* amx_scratch(std::size_t bytes) {
 }
 
 using block_product_fn = void (*)(const bf16_bits*, index_t, const bf16_bits*, index_t, index_t, float*, index_t, bool);
+#if KILN_HAS_AMX
 // [product_order][(rows - 1) * 2 + (cols - 1)]
 inline constexpr block_product_fn block_products[5][4] = {
     {&block_product<1, 1, false>, &block_product<1, 2, false>, &block_product<2, 1, false>,
@@ -624,6 +645,13 @@ inline constexpr block_product_fn block_products[5][4] = {
      &block_product<2, 2, false, 3>},
     {&block_product<1, 1, true, 3>, &block_product<1, 2, true, 3>, &block_product<2, 1, true, 3>,
      &block_product<2, 2, true, 3>}};
+#endif  // KILN_HAS_AMX
+#if KILN_HAS_BF16_DOT
+// [(rows - 1) * 2 + (cols - 1)]: bfloat16 operands only.
+inline constexpr block_product_fn dot_block_products[4] = {
+    &bf16_dot_detail::block_product<1, 1, chunk_values>, &bf16_dot_detail::block_product<1, 2, chunk_values>,
+    &bf16_dot_detail::block_product<2, 1, chunk_values>, &bf16_dot_detail::block_product<2, 2, chunk_values>};
+#endif  // KILN_HAS_BF16_DOT
 
 // The row of block_products a problem takes: float operands 0, or 1 mirrored (a transposed output); bfloat16 operands
 // 2 (one product has no order); bfloat16x3 3, or 4 mirrored.
@@ -631,6 +659,33 @@ inline int product_order(const amx_problem& g) {
   if (g.pieces == 1) return 2;
   return (g.pieces == 2 ? 3 : 0) + int(g.transposed_output);
 }
+
+// The block product of `rows` x `cols` tiles (each 1 or 2) that the problem's engine runs.
+inline block_product_fn block_product_for(const amx_problem& g, int rows, int cols) {
+#if KILN_HAS_AMX
+  if (g.on_tiles) return block_products[product_order(g)][(rows - 1) * 2 + (cols - 1)];
+#endif
+#if KILN_HAS_BF16_DOT
+  if (!g.on_tiles && g.pieces == 1) return dot_block_products[(rows - 1) * 2 + (cols - 1)];
+#endif
+  fail("the bfloat16 block path: no engine for a product of ", g.pieces, " pieces per operand",
+       g.on_tiles ? " on AMX tiles in a build without them" : " without AMX tiles");
+}
+
+// The tiles' state for the calling thread while a block of the problem runs on them; nothing on the dot products.
+class engine_session {
+ public:
+  explicit engine_session([[maybe_unused]] const amx_problem& g) {
+#if KILN_HAS_AMX
+    if (g.on_tiles) tiles_.emplace();
+#endif
+  }
+
+ private:
+#if KILN_HAS_AMX
+  std::optional<tile_session> tiles_;
+#endif
+};
 
 // Whether the epilogue copies the sums unchanged (alpha 1, beta 0, no bias, no activation: a weight gradient): then
 // a product over one k block stores each whole 2 x 2 block of tiles straight into C.
@@ -680,7 +735,7 @@ inline void sweep_column_pairs(const amx_problem& g, const group_sweep& w) {
   const index_t a_stride = w.depth * chunk_values, i_end = w.i + w.rows_in_group * tile_rows;
   for (index_t t = 0; t < w.block_tiles; t += 2) {
     const int cols_in_pair = int(std::min<index_t>(2, w.block_tiles - t));
-    const auto product = block_products[product_order(g)][(w.rows_in_group - 1) * 2 + (cols_in_pair - 1)];
+    const auto product = block_product_for(g, w.rows_in_group, cols_in_pair);
     const bf16_bits* b_column = w.b + t * w.b_tile_stride;
     const index_t j = w.j + t * tile_rows, j_end = j + cols_in_pair * tile_rows;
     if (w.into_c && i_end <= w.i1 && j_end <= w.j1) {
@@ -723,7 +778,7 @@ inline void amx_block_whole_b(const amx_problem& g, index_t i0, index_t i1, inde
   auto* acc = reinterpret_cast<float*>(scratch + b_bytes + a_bytes);
 
   const bool into_c = one_k_block && plain_epilogue(g);
-  tile_session tiles;
+  const engine_session session(g);
   for (index_t jt = 0; jt < col_tiles; jt += block_col_tiles) {
     const index_t block_tiles = std::min(block_col_tiles, col_tiles - jt);
     // This block of B, all of k: found in the prepacked whole, or packed here in the same layout.
@@ -769,7 +824,7 @@ inline void amx_block_by_blocks(const amx_problem& g, index_t i0, index_t i1, in
   auto* acc = reinterpret_cast<float*>(scratch + b_bytes + a_bytes);
 
   const bool into_c = one_k_block && plain_epilogue(g);
-  tile_session tiles;
+  const engine_session session(g);
   for (index_t jt = 0; jt < col_tiles; jt += block_col_tiles) {
     const index_t block_tiles = std::min(block_col_tiles, col_tiles - jt);
     for (index_t cb = 0; cb < chunks_total; cb += block_depth) {
@@ -880,7 +935,8 @@ inline bool all_zero(const float* c, index_t ldc, index_t m, index_t n) {
   return true;
 }
 
-// C = act(alpha * op(A) op(B) + beta * C + bias) on `threads` threads; the caller has checked amx_gemm_active().
+// C = act(alpha * op(A) op(B) + beta * C + bias) on `threads` threads; the caller has checked
+// bfloat16_path_active(precision). On AMX tiles where they are active, else on AVX512-BF16 dot products.
 // With b_packed (pack_amx_b's layout of op(B), packed for the same precision), b, ldb and transpose_b are unused.
 // With precision bfloat16 each operand is rounded to bfloat16 as it is packed, and one tile product replaces six;
 // with bfloat16x3 each is split into two bfloat16 pieces, and three products replace six.
@@ -898,6 +954,7 @@ inline amx_problem amx_problem_for(bool transpose_a, bool transpose_b, index_t m
     g.transposed_output = true;
   }
   g.pieces = pieces_of(precision);
+  g.on_tiles = amx_gemm_active();
   return g;
 }
 
@@ -935,6 +992,6 @@ inline void amx_gemm_part(bool transpose_a, bool transpose_b, index_t m, index_t
 #undef KILN_AMX_START
 
 }  // namespace amx_detail
-#endif  // KILN_HAS_AMX
+#endif  // KILN_HAS_BF16_BLOCKS
 
 }  // namespace kiln::kernels::cpu

@@ -2,8 +2,10 @@
 // operands rounded to bfloat16 with the sums kept in float. That is what torch.set_float32_matmul_precision("medium")
 // allows PyTorch's products: bfloat16 where the hardware makes it faster, single precision elsewhere. kiln's products
 // that run on AMX tiles (gemm_amx.hpp: Sapphire Rapids and later, products of at least 16 rows with n * k >= 128^2)
-// then take one tile product where float operands take six; smaller products, and every product on CPUs without AMX,
-// stay single precision, since rounding their operands would only add work. Between the two, bfloat16x3 is
+// then take one tile product where float operands take six; on CPUs with AVX512-BF16 but no AMX (Zen 4, Cooper Lake)
+// the same products of bfloat16 operands run on its dot products (gemm_bf16_dot.hpp), at twice the float FMAs' flop
+// per instruction. Smaller products, and every product on CPUs with neither, stay single precision, since rounding
+// their operands would only add work. Between the two, bfloat16x3 is
 // set_float32_matmul_precision("high") on such CPUs: each operand the sum of two bfloat16 values (about 16
 // significant bits) and three tile products. policy::cpu takes the precision set by set_default_product_precision
 // (single unless set), so that one switch, or KILN_PRODUCT_PRECISION in the environment, changes a whole program;
@@ -23,7 +25,7 @@ namespace kiln::kernels::cpu {
 // How a single-precision product treats its operands (products in double are always exact).
 enum class product_precision {
   single,      // float operands as they are
-  bfloat16,    // on AMX tiles, each operand rounded to bfloat16 (to nearest, ties to even); float sums
+  bfloat16,    // on AMX tiles or AVX512-BF16, each operand rounded to bfloat16 (to nearest, ties to even); float sums
   bfloat16x3,  // on AMX tiles, each operand as hi + lo, two bfloat16 values (each rounded to nearest, ties away from
                // zero): hi*hi + lo*hi + hi*lo in float sums
 };
@@ -56,8 +58,8 @@ inline std::atomic<product_precision>& default_precision() {
 
 // Sets the precision of policy::cpu's single-precision products from now on, in both modes, as PyTorch's global
 // torch.set_float32_matmul_precision does ("highest" is single, "high" bfloat16x3, "medium" bfloat16).
-// policy::cpu_bf16 and policy::cpu_bf16x3 keep their own. Set it between steps, not while a product runs: a layer that packs an operand once (a recurrent
-// layer's W_hh) packs it for the precision of the moment.
+// policy::cpu_bf16 and policy::cpu_bf16x3 keep their own. Set it between steps, not while a product runs: a layer that
+// packs an operand once (a recurrent layer's W_hh) packs it for the precision of the moment.
 inline void set_default_product_precision(product_precision precision) {
   product_precision_detail::default_precision().store(precision, std::memory_order_relaxed);
 }
