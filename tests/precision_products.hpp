@@ -138,6 +138,23 @@ inline std::pair<product, product> forward_as_stored_both_ways() {
   return {std::move(transposed), std::move(direct)};
 }
 
+// A recurrent layer's W_hh packed once for this precision (rounded or split where the bfloat16 path takes it), then
+// multiplied with gemm_prepacked_b: the bits of gemm on the unpacked matrix, with each engine of the bfloat16 path on
+// alone and with both off (then single precision, packed and not).
+inline void check_prepacked_b_has_gemm_bits(product_precision precision) {
+  for_each_bfloat16_engine([precision](const char* engine) {
+    CAPTURE(engine);
+    const product step(false, true, 64, 128, 96, 9);
+    std::vector<float> packed(std::size_t(kernels::cpu::packed_gemm_b_size<float>(step.k, step.n)));
+    kernels::cpu::pack_gemm_b<float>(true, step.k, step.n, step.b.data(), step.ldb, packed.data(), precision);
+    std::vector<float> out = step.c;
+    kernels::cpu::gemm_prepacked_b<float>(false, step.m, step.n, step.k, 1.0f, step.a.data(), step.lda, packed.data(),
+                                          0.0f, out.data(), step.ldc, {}, precision);
+    const auto unpacked = step.run(precision, {}, 0.0f);
+    CHECK(std::memcmp(out.data(), unpacked.data(), out.size() * sizeof(float)) == 0);
+  });
+}
+
 // Calls check(pr, ep, beta, on_path) for products of every route gemm takes (direct, one column, outer product,
 // narrow, blocked, the bfloat16 path), every transpose and two epilogues, with each engine of the bfloat16 path on
 // alone and with both off; on_path says whether a product of this precision ran on the bfloat16 path. Single

@@ -86,18 +86,7 @@ TEST_CASE("bfloat16 products: the same bits on one thread and two, and with the 
   set_num_threads(saved_threads);
   CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
 
-  for_each_bfloat16_engine([](const char* engine) {  // none: single precision, packed and not
-    CAPTURE(engine);
-    // A recurrent layer's W_hh: packed once (rounded), then multiplied by several left-hand sides.
-    const product step(false, true, 64, 128, 96, 9);
-    std::vector<float> packed(std::size_t(kernels::cpu::packed_gemm_b_size<float>(step.k, step.n)));
-    kernels::cpu::pack_gemm_b<float>(true, step.k, step.n, step.b.data(), step.ldb, packed.data(), bf16);
-    std::vector<float> out = step.c;
-    kernels::cpu::gemm_prepacked_b<float>(false, step.m, step.n, step.k, 1.0f, step.a.data(), step.lda, packed.data(),
-                                          0.0f, out.data(), step.ldc, {}, bf16);
-    const auto direct = step.run(bf16, {}, 0.0f);
-    CHECK(std::memcmp(out.data(), direct.data(), out.size() * sizeof(float)) == 0);
-  });
+  check_prepacked_b_has_gemm_bits(bf16);
 }
 
 TEST_CASE("a bfloat16 product computed as its transpose, or in parts, has the bits of the product computed whole") {

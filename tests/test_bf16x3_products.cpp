@@ -124,19 +124,7 @@ TEST_CASE("a bfloat16x3 product computed as its transpose, on two threads, or wi
   set_num_threads(saved_threads);
   CHECK(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
 
-  for (const bool amx : {true, false}) {
-    CAPTURE(amx);
-    kernels::cpu::set_amx_gemm(amx);  // off (or no AMX): single precision, packed and not
-    const product step(false, true, 64, 128, 96, 9);  // a recurrent layer's W_hh, packed once
-    std::vector<float> packed(std::size_t(kernels::cpu::packed_gemm_b_size<float>(step.k, step.n)));
-    kernels::cpu::pack_gemm_b<float>(true, step.k, step.n, step.b.data(), step.ldb, packed.data(), bf16x3);
-    std::vector<float> out = step.c;
-    kernels::cpu::gemm_prepacked_b<float>(false, step.m, step.n, step.k, 1.0f, step.a.data(), step.lda, packed.data(),
-                                          0.0f, out.data(), step.ldc, {}, bf16x3);
-    const auto unpacked = step.run(bf16x3, {}, 0.0f);
-    CHECK(std::memcmp(out.data(), unpacked.data(), out.size() * sizeof(float)) == 0);
-  }
-  kernels::cpu::set_amx_gemm(!no_amx);
+  check_prepacked_b_has_gemm_bits(bf16x3);
 }
 
 TEST_CASE("policy::cpu_bf16x3 trains a static MLP as dynamic mode does, bit for bit, near policy::cpu's losses") {
