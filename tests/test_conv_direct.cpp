@@ -1,9 +1,12 @@
 // The direct convolution kernels (kernels/cpu/conv_direct.hpp), the forward and the weight gradient: the bits of im2col
 // and the blocked GEMM for every geometry they take (padding, even "same" kernels, strides, dilation, groups, two k
-// blocks, tiles cut short, float and double, one thread and two), and which geometries they leave to im2col.
+// blocks, tiles cut short, float and double, one thread and two), and which geometries they leave to im2col. Then the
+// weight gradient from a sparse output gradient (kernels/cpu/conv_sparse_gradient.hpp): the same bits again.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -173,4 +176,119 @@ TEST_CASE("direct convolution: which geometries it leaves to im2col") {
   CHECK(conv_direct_weight_gradient_applies<float>(make_conv_geometry(32, 8, 8, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
   CHECK_FALSE(
       conv_direct_weight_gradient_applies<float>(make_conv_geometry(32, 26, 26, 64, 1, 1, 1, 1, 0, 0, 1, 1, 1)));
+}
+
+namespace {
+
+// An output gradient as a max pool and a ReLU leave it: in each 2 x 2 window of each channel one position (chosen at
+// random) keeps a value, and a third of those are zeroed again; the zeros alternate in sign, as a ReLU's backward
+// gives both.
+std::vector<float> pooled_gradient(random_generator& rng, index_t batch, const conv_geometry& g) {
+  std::vector<float> dy(static_cast<std::size_t>(batch * g.out_size()));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = i % 2 ? -0.0f : 0.0f;
+  for (index_t plane = 0; plane < batch * g.out_channels; ++plane)
+    for (index_t h = 0; h < g.out_height; h += 2)
+      for (index_t w = 0; w < g.out_width; w += 2) {
+        const index_t dh = std::min<index_t>(g.out_height - h - 1, index_t(rng.below(2)));
+        const index_t dw = std::min<index_t>(g.out_width - w - 1, index_t(rng.below(2)));
+        if (rng.below(3) != 0) dy[plane * g.out_plane() + (h + dh) * g.out_width + w + dw] = rng.normal<float>();
+      }
+  return dy;
+}
+
+// The sparse kernel on one sample against the direct kernel, overwriting and then adding to what dweight_t holds:
+// the same bits. Returns whether the sparse kernel took the sample.
+bool sparse_sample_matches_direct(const conv_geometry& g, const std::vector<float>& x, const std::vector<float>& dy,
+                                  random_generator& rng) {
+  const auto start = normal_values<float>(rng, g.group_k() * g.out_channels);
+  bool took = true;
+  for (const bool overwrite : {true, false}) {
+    CAPTURE(overwrite);
+    std::vector<float> sparse = start, dense = start;
+    took &= kernels::cpu::conv2d_sparse_weight_gradient(x.data(), dy.data(), sparse.data(), g, overwrite);
+    kernels::cpu::conv2d_direct_weight_gradient(x.data(), dy.data(), dense.data(), g, overwrite);
+    if (took) CHECK(same_bits(sparse, dense));
+  }
+  return took;
+}
+
+}  // namespace
+
+TEST_CASE("sparse convolution weight gradient: the direct kernel's bits from the nonzeros alone") {
+  const without_amx no_amx;
+  struct geometry_case {
+    const char* name;
+    conv_geometry g;
+  };
+  const geometry_case cases[] = {
+      {"the MNIST CNN's second convolution (two k blocks of 12 output rows)",
+       make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"k blocks cut mid-row, 20 output channels", make_conv_geometry(16, 27, 27, 20, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"strided and padded, 40 output channels", make_conv_geometry(16, 16, 16, 40, 3, 3, 2, 2, 1, 1, 1, 1, 1)},
+      {"2 x 1 strides, 1 x 2 dilation", make_conv_geometry(32, 41, 30, 24, 3, 3, 2, 1, 1, 1, 1, 2, 1)},
+      {"5 x 5, 48 channels: 75 vectors, summed in chunks of 24",
+       make_conv_geometry(48, 14, 14, 33, 5, 5, 1, 1, 2, 2, 1, 1, 1)},
+      {"even kernel, same padding", make_conv_geometry(16, 32, 32, 24, 2, 2, 1, 1, 0, 0, 1, 1, 1, true)},
+  };
+  for (const auto& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    REQUIRE(kernels::cpu::conv_sparse_weight_gradient_applies<float>(c.g));
+    random_generator rng(13);
+    const auto x = normal_values<float>(rng, c.g.in_size());
+    auto dy = pooled_gradient(rng, 1, c.g);
+    CHECK(sparse_sample_matches_direct(c.g, x, dy, rng));
+    // A NaN in the output gradient is summed, as the dense kernel sums it.
+    dy[dy.size() / 3] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(sparse_sample_matches_direct(c.g, x, dy, rng));
+    // An output gradient with no zeros is left to the dense kernel.
+    CHECK_FALSE(sparse_sample_matches_direct(c.g, x, normal_values<float>(rng, c.g.out_size()), rng));
+
+    // Through conv2d_backward, whose samples take the sparse kernel or the dense one by their density: the bits of
+    // im2col and the blocked GEMM, on one thread and two, overwriting and accumulating.
+    const index_t batch = 37;
+    const auto xs = normal_values<float>(rng, batch * c.g.in_size());
+    auto dys = pooled_gradient(rng, batch, c.g);
+    // Two samples dense.
+    for (const index_t n : {3, 20})
+      for (index_t i = 0; i < c.g.out_size(); ++i) dys[n * c.g.out_size() + i] = rng.normal<float>();
+    const auto weight = normal_values<float>(rng, c.g.out_channels * c.g.group_k());
+    float* const no_input_gradient = nullptr;
+    float* const no_bias_gradient = nullptr;
+    for (const int threads : {1, 2}) {
+      const thread_count team(threads);
+      for (const bool accumulate : {false, true}) {
+        CAPTURE(threads);
+        CAPTURE(accumulate);
+        std::vector<float> col(static_cast<std::size_t>(batch * c.g.col_size()));
+        std::vector<float> dweight = weight, reference = weight;
+        policy::cpu::conv2d_backward<policy::cpu>(xs.data(), weight.data(), dys.data(), no_input_gradient,
+                                                  dweight.data(), no_bias_gradient, col.data(), batch, c.g, accumulate);
+        policy::cpu::conv2d_backward<im2col_policy>(xs.data(), weight.data(), dys.data(), no_input_gradient,
+                                                    reference.data(), no_bias_gradient, col.data(), batch, c.g, accumulate);
+        CHECK(same_bits(dweight, reference));
+      }
+    }
+  }
+}
+
+TEST_CASE("sparse convolution weight gradient: which convolutions it takes") {
+  const without_amx no_amx;
+  using kernels::cpu::conv_sparse_weight_gradient_applies;
+  const auto mnist = make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1);
+#if defined(__AVX512F__)
+  CHECK(conv_sparse_weight_gradient_applies<float>(mnist));
+#else
+  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(mnist));
+#endif
+  // Doubles, channels that are not whole vectors, and groups stay dense.
+  CHECK_FALSE(conv_sparse_weight_gradient_applies<double>(mnist));
+  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(make_conv_geometry(20, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
+  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 2)));
+  // The first convolution of the MNIST CNN has one input channel.
+  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(make_conv_geometry(1, 28, 28, 32, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
+  // Turned off, nothing takes it.
+  kernels::cpu::set_sparse_weight_gradient(false);
+  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(mnist));
+  kernels::cpu::set_sparse_weight_gradient(true);
 }

@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/conv_direct.hpp"
 #include "kiln/kernels/cpu/conv_geometry.hpp"
+#include "kiln/kernels/cpu/conv_sparse_gradient.hpp"
 #include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
@@ -164,9 +166,11 @@ struct conv_kernels {
       const index_t sample_groups = (batch + weight_gradient_group - 1) / weight_gradient_group;
       T* partial = conv_scratch<T, conv_scratch_use::weight_gradient_sums>((sample_groups + 1) * weights);
       T* dweight_t = partial + sample_groups * weights;
-      bool direct = false;
-      if constexpr (requires { requires Policy::direct_convolution; })
+      bool direct = false, sparse = false;
+      if constexpr (requires { requires Policy::direct_convolution; }) {
         direct = conv_direct_weight_gradient_applies<T>(g, Policy::gemm_precision());
+        sparse = conv_sparse_weight_gradient_applies<T>(g, Policy::gemm_precision());
+      }
       Policy::for_jobs(sample_groups, weight_gradient_group * g.out_channels * plane * k, [&](index_t s0, index_t s1) {
         // Each thread builds its samples' columns in the place of its first sample's, as in the forward.
         T* place = col + s0 * weight_gradient_group * g.col_size();
@@ -174,8 +178,13 @@ struct conv_kernels {
           const index_t n0 = s * weight_gradient_group, n1 = std::min(batch, n0 + weight_gradient_group);
           for (index_t n = n0; n < n1; ++n) {
             if (direct) {
-              conv2d_direct_weight_gradient(x + n * g.in_size(), dy + n * g.out_size(), partial + s * weights, g,
-                                            n == n0);
+              // A sample whose output gradient is mostly zeros (under a max pool) skips them, with the same bits.
+              const T* sample_x = x + n * g.in_size();
+              const T* sample_dy = dy + n * g.out_size();
+              if constexpr (std::is_same_v<T, float>)
+                if (sparse && conv2d_sparse_weight_gradient(sample_x, sample_dy, partial + s * weights, g, n == n0))
+                  continue;
+              conv2d_direct_weight_gradient(sample_x, sample_dy, partial + s * weights, g, n == n0);
               continue;
             }
             const T* columns = sample_columns<Policy>(x, place, n, g);

@@ -33,7 +33,15 @@ enum class conv_scratch_use {
   window_offsets,
   packed_weights,
   transposed_output_gradient,
-  weight_gradient_sums
+  weight_gradient_sums,
+  sparse_values,
+  sparse_bases,
+  sparse_ends,
+  channels_last_input,
+  window_offsets_channels_last,
+  sparse_window_sums,
+  sparse_window_places,
+  sparse_bands
 };
 // The calling thread's buffer for one use: grows to the largest size seen, then is reused, so a steady training step
 // allocates nothing. Valid until the thread's next call for the same use; other threads may read it meanwhile.
