@@ -1,7 +1,8 @@
 // The direct convolution kernels (kernels/cpu/conv_direct.hpp), the forward and the weight gradient: the bits of im2col
 // and the blocked GEMM for every geometry they take (padding, even "same" kernels, strides, dilation, groups, two k
 // blocks, tiles cut short, float and double, one thread and two), and which geometries they leave to im2col. Then the
-// weight gradient from a sparse output gradient (kernels/cpu/conv_sparse_gradient.hpp): the same bits again.
+// weight and input gradients from a sparse output gradient (kernels/cpu/conv_sparse_gradient.hpp): the same bits
+// again.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -196,10 +197,11 @@ std::vector<float> pooled_gradient(random_generator& rng, index_t batch, const c
   return dy;
 }
 
-// The sparse kernel on one sample against the direct kernel, overwriting and then adding to what dweight_t holds:
-// the same bits. Returns whether the sparse kernel took the sample.
-bool sparse_sample_matches_direct(const conv_geometry& g, const std::vector<float>& x, const std::vector<float>& dy,
-                                  random_generator& rng) {
+// The sparse weight gradient of one sample against the direct kernel, overwriting and then adding to what dweight_t
+// holds, and the sparse input gradient against gemm and col2im (conv2d_backward through im2col): the same bits.
+// Returns whether the sparse kernels took the sample.
+bool sparse_sample_matches_dense(const conv_geometry& g, const std::vector<float>& x, const std::vector<float>& dy,
+                                 random_generator& rng) {
   const auto start = normal_values<float>(rng, g.group_k() * g.out_channels);
   bool took = true;
   for (const bool overwrite : {true, false}) {
@@ -209,16 +211,25 @@ bool sparse_sample_matches_direct(const conv_geometry& g, const std::vector<floa
     kernels::cpu::conv2d_direct_weight_gradient(x.data(), dy.data(), dense.data(), g, overwrite);
     if (took) CHECK(same_bits(sparse, dense));
   }
-  return took;
+  const auto weight = normal_values<float>(rng, g.group_k() * g.out_channels);
+  std::vector<float> sparse_dx(x.size()), dense_dx(x.size()), col(static_cast<std::size_t>(g.col_size()));
+  float* const none = nullptr;
+  const bool took_dx = kernels::cpu::conv2d_sparse_input_gradient(
+      kernels::cpu::conv_sparse_input_gradient_weights(weight.data(), g), dy.data(), sparse_dx.data(), g);
+  policy::cpu::conv2d_backward<im2col_policy>(x.data(), weight.data(), dy.data(), dense_dx.data(), none, none,
+                                              col.data(), 1, g, false);
+  if (took_dx) CHECK(same_bits(sparse_dx, dense_dx));
+  CHECK(took == took_dx);
+  return took && took_dx;
 }
 
 }  // namespace
 
-TEST_CASE("sparse convolution weight gradient: the direct kernel's bits from the nonzeros alone") {
+TEST_CASE("sparse convolution gradients: the dense kernels' bits from the nonzeros alone") {
   const without_amx no_amx;
-  if (!kernels::cpu::conv_sparse_weight_gradient_applies<float>(make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0,
-                                                                                    1, 1, 1))) {
-    MESSAGE("skipped: the sparse weight gradient needs AVX-512 (or KILN_SPARSE_GRADIENT=0 turned it off)");
+  const auto mnist = make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1);
+  if (!kernels::cpu::conv_sparse_weight_gradient_applies<float>(mnist)) {
+    MESSAGE("skipped: the sparse gradients need AVX-512 (or KILN_SPARSE_GRADIENT=0 turned them off)");
     return;
   }
   struct geometry_case {
@@ -226,75 +237,93 @@ TEST_CASE("sparse convolution weight gradient: the direct kernel's bits from the
     conv_geometry g;
   };
   const geometry_case cases[] = {
-      {"the MNIST CNN's second convolution (two k blocks of 12 output rows)",
-       make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"the MNIST CNN's second convolution (two k blocks of 12 output rows)", mnist},
       {"k blocks cut mid-row, 20 output channels", make_conv_geometry(16, 27, 27, 20, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
       {"strided and padded, 40 output channels", make_conv_geometry(16, 16, 16, 40, 3, 3, 2, 2, 1, 1, 1, 1, 1)},
       {"2 x 1 strides, 1 x 2 dilation", make_conv_geometry(32, 41, 30, 24, 3, 3, 2, 1, 1, 1, 1, 2, 1)},
-      {"5 x 5, 48 channels: 75 vectors, summed in chunks of 24",
-       make_conv_geometry(48, 14, 14, 33, 5, 5, 1, 1, 2, 2, 1, 1, 1)},
+      {"5 x 5, 80 channels: window vectors in chunks of 24, channel vectors in chunks of 4",
+       make_conv_geometry(80, 14, 14, 33, 5, 5, 1, 1, 2, 2, 1, 1, 1)},
       {"even kernel, same padding", make_conv_geometry(16, 32, 32, 24, 2, 2, 1, 1, 0, 0, 1, 1, 1, true)},
   };
   for (const auto& c : cases) {
     const std::string name = c.name;
     CAPTURE(name);
     REQUIRE(kernels::cpu::conv_sparse_weight_gradient_applies<float>(c.g));
+    REQUIRE(kernels::cpu::conv_sparse_input_gradient_applies<float>(c.g));
     random_generator rng(13);
     const auto x = normal_values<float>(rng, c.g.in_size());
     auto dy = pooled_gradient(rng, 1, c.g);
-    CHECK(sparse_sample_matches_direct(c.g, x, dy, rng));
-    // A NaN in the output gradient is summed, as the dense kernel sums it.
+    CHECK(sparse_sample_matches_dense(c.g, x, dy, rng));
+    // A NaN in the output gradient is summed, as the dense kernels sum it.
     dy[dy.size() / 3] = std::numeric_limits<float>::quiet_NaN();
-    CHECK(sparse_sample_matches_direct(c.g, x, dy, rng));
-    // An output gradient with no zeros is left to the dense kernel.
-    CHECK_FALSE(sparse_sample_matches_direct(c.g, x, normal_values<float>(rng, c.g.out_size()), rng));
+    CHECK(sparse_sample_matches_dense(c.g, x, dy, rng));
+    // An output gradient with no zeros is left to the dense kernels.
+    CHECK_FALSE(sparse_sample_matches_dense(c.g, x, normal_values<float>(rng, c.g.out_size()), rng));
 
-    // Through conv2d_backward, whose samples take the sparse kernel or the dense one by their density: the bits of
-    // im2col and the blocked GEMM, on one thread and two, overwriting and accumulating.
+    // Through conv2d_backward, whose samples take the sparse kernels or the dense ones by their density: the bits of
+    // im2col and the blocked GEMM for every gradient, on one thread and two, overwriting and accumulating, with the
+    // input gradient through a ReLU's backward as a fused layer takes it.
     const index_t batch = 37;
     const auto xs = normal_values<float>(rng, batch * c.g.in_size());
     auto dys = pooled_gradient(rng, batch, c.g);
-    // Two samples dense.
-    for (const index_t n : {3, 20})
+    for (const index_t n : {3, 20})  // two samples dense
       for (index_t i = 0; i < c.g.out_size(); ++i) dys[n * c.g.out_size() + i] = rng.normal<float>();
     const auto weight = normal_values<float>(rng, c.g.out_channels * c.g.group_k());
-    float* const no_input_gradient = nullptr;
-    float* const no_bias_gradient = nullptr;
     for (const int threads : {1, 2}) {
       const thread_count team(threads);
       for (const bool accumulate : {false, true}) {
         CAPTURE(threads);
         CAPTURE(accumulate);
         std::vector<float> col(static_cast<std::size_t>(batch * c.g.col_size()));
-        std::vector<float> dweight = weight, reference = weight;
-        policy::cpu::conv2d_backward<policy::cpu>(xs.data(), weight.data(), dys.data(), no_input_gradient,
-                                                  dweight.data(), no_bias_gradient, col.data(), batch, c.g, accumulate);
-        policy::cpu::conv2d_backward<im2col_policy>(xs.data(), weight.data(), dys.data(), no_input_gradient,
-                                                    reference.data(), no_bias_gradient, col.data(), batch, c.g, accumulate);
-        CHECK(same_bits(dweight, reference));
+        std::vector<float> dweight = weight, reference_dweight = weight;
+        std::vector<float> dbias(static_cast<std::size_t>(c.g.out_channels), 1.0f), reference_dbias = dbias;
+        std::vector<float> dx(xs.size()), reference_dx(xs.size());
+        policy::cpu::conv2d_backward<policy::cpu>(xs.data(), weight.data(), dys.data(), dx.data(), dweight.data(),
+                                                  dbias.data(), col.data(), batch, c.g, accumulate, activation::relu,
+                                                  xs.data());
+        policy::cpu::conv2d_backward<im2col_policy>(xs.data(), weight.data(), dys.data(), reference_dx.data(),
+                                                    reference_dweight.data(), reference_dbias.data(), col.data(),
+                                                    batch, c.g, accumulate, activation::relu, xs.data());
+        CHECK(same_bits(dweight, reference_dweight));
+        CHECK(same_bits(dbias, reference_dbias));
+        CHECK(same_bits(dx, reference_dx));
       }
     }
   }
 }
 
-TEST_CASE("sparse convolution weight gradient: which convolutions it takes") {
+TEST_CASE("sparse convolution gradients: which convolutions they take") {
   const without_amx no_amx;
+  using kernels::cpu::conv_sparse_input_gradient_applies;
   using kernels::cpu::conv_sparse_weight_gradient_applies;
   const auto mnist = make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1);
 #if defined(__AVX512F__)
-  if (kiln::env_switch_on("KILN_SPARSE_GRADIENT")) CHECK(conv_sparse_weight_gradient_applies<float>(mnist));
+  if (kiln::env_switch_on("KILN_SPARSE_GRADIENT")) {
+    CHECK(conv_sparse_weight_gradient_applies<float>(mnist));
+    CHECK(conv_sparse_input_gradient_applies<float>(mnist));
+  }
 #else
   CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(mnist));
+  CHECK_FALSE(conv_sparse_input_gradient_applies<float>(mnist));
 #endif
-  // Doubles, channels that are not whole vectors, and groups stay dense.
+  // Doubles, channels that are not whole vectors, and groups stay dense; so does the MNIST CNN's first convolution,
+  // of one input channel.
+  const conv_geometry dense_ones[] = {make_conv_geometry(20, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1),
+                                      make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 2),
+                                      make_conv_geometry(1, 28, 28, 32, 3, 3, 1, 1, 0, 0, 1, 1, 1)};
   CHECK_FALSE(conv_sparse_weight_gradient_applies<double>(mnist));
-  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(make_conv_geometry(20, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
-  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 2)));
-  // The first convolution of the MNIST CNN has one input channel.
-  CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(make_conv_geometry(1, 28, 28, 32, 3, 3, 1, 1, 0, 0, 1, 1, 1)));
-  // Turned off, nothing takes it.
-  const bool was_on = kernels::cpu::sparse_weight_gradient_enabled();
-  kernels::cpu::set_sparse_weight_gradient(false);
+  CHECK_FALSE(conv_sparse_input_gradient_applies<double>(mnist));
+  for (const auto& g : dense_ones) {
+    CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(g));
+    CHECK_FALSE(conv_sparse_input_gradient_applies<float>(g));
+  }
+  // The input gradient's sum over more than one k block of output channels stays dense.
+  const auto wide = make_conv_geometry(32, 12, 12, 640, 3, 3, 1, 1, 0, 0, 1, 1, 1);
+  CHECK_FALSE(conv_sparse_input_gradient_applies<float>(wide));
+  // Turned off, neither runs.
+  const bool was_on = kernels::cpu::sparse_conv_gradients_enabled();
+  kernels::cpu::set_sparse_conv_gradients(false);
   CHECK_FALSE(conv_sparse_weight_gradient_applies<float>(mnist));
-  kernels::cpu::set_sparse_weight_gradient(was_on);
+  CHECK_FALSE(conv_sparse_input_gradient_applies<float>(mnist));
+  kernels::cpu::set_sparse_conv_gradients(was_on);
 }

@@ -209,16 +209,26 @@ struct conv_kernels {
     if (!dx) return;
     // The input gradient is per sample: batch slices, as in the forward, each slice's column gradients in the place
     // of its first sample's.
+    bool sparse_dx = false;
+    if constexpr (requires { requires Policy::direct_convolution; })
+      sparse_dx = conv_sparse_input_gradient_applies<T>(g, Policy::gemm_precision());
     with_activation(input_act, [&](auto kind) {
       Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
+        const T* sparse_weights = nullptr;
+        if constexpr (std::is_same_v<T, float>)
+          if (sparse_dx) sparse_weights = conv_sparse_input_gradient_weights(weight, g);
         for (index_t n = n0; n < n1; ++n) {
           T* const sample_dx = dx + n * g.in_size();
+          // A sample whose output gradient is mostly zeros skips them, with the bits of the GEMM and col2im below.
+          bool done = false;
+          if constexpr (std::is_same_v<T, float>)
+            done = sparse_weights && conv2d_sparse_input_gradient(sparse_weights, dy + n * g.out_size(), sample_dx, g);
           T* dcol = g.pointwise() ? sample_dx : col + n0 * g.col_size();
-          for (index_t grp = 0; grp < g.groups; ++grp)
+          for (index_t grp = 0; grp < g.groups && !done; ++grp)
             Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,
                          dy + n * g.out_size() + grp * out_per_group * plane, plane, T(0), dcol + grp * k * plane,
                          plane);
-          if (!g.pointwise()) Policy::col2im(dcol, sample_dx, g);
+          if (!g.pointwise() && !done) Policy::col2im(dcol, sample_dx, g);
           if constexpr (kind.value != activation::identity)
             activation_backward_in_place<kind.value>(act_input ? act_input + n * g.in_size() : nullptr,
                                                      x + n * g.in_size(), sample_dx, g.in_size(), slope);

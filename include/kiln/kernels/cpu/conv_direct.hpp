@@ -41,7 +41,9 @@ enum class conv_scratch_use {
   window_offsets_channels_last,
   sparse_window_sums,
   sparse_window_places,
-  sparse_bands
+  sparse_bands,
+  sparse_input_gradient_weights,
+  sparse_input_gradient_sums
 };
 // The calling thread's buffer for one use: grows to the largest size seen, then is reused, so a steady training step
 // allocates nothing. Valid until the thread's next call for the same use; other threads may read it meanwhile.

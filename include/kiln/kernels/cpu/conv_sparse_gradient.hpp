@@ -33,10 +33,10 @@ namespace kiln::kernels::cpu {
 
 // Samples whose output gradient has at most this fraction of nonzeros take the sparse kernel; denser ones the dense
 // kernel, which then runs faster. The result is the same either way (above), so only the time depends on it.
-inline constexpr double sparse_weight_gradient_max_density = 0.5;
+inline constexpr double sparse_gradient_max_density = 0.5;
 
 namespace conv_sparse_detail {
-// Whether the user allows the kernel: set_sparse_weight_gradient, initialised from KILN_SPARSE_GRADIENT.
+// Whether the user allows the kernel: set_sparse_conv_gradients, initialised from KILN_SPARSE_GRADIENT.
 inline std::atomic<bool>& sparse_allowed() {
   static std::atomic<bool> allowed{env_switch_on("KILN_SPARSE_GRADIENT")};
   return allowed;
@@ -101,10 +101,10 @@ constexpr std::array<sparse_chain_fn, sizeof...(V)> make_sparse_chains(std::inte
 
 // Turns the sparse weight gradient on or off for every later call (on by default; KILN_SPARSE_GRADIENT=0 in the
 // environment starts it off). It changes the time a step takes, not its results (see the top of this file).
-inline void set_sparse_weight_gradient(bool enabled) {
+inline void set_sparse_conv_gradients(bool enabled) {
   conv_sparse_detail::sparse_allowed().store(enabled, std::memory_order_relaxed);
 }
-inline bool sparse_weight_gradient_enabled() {
+inline bool sparse_conv_gradients_enabled() {
   return conv_sparse_detail::sparse_allowed().load(std::memory_order_relaxed);
 }
 
@@ -117,7 +117,7 @@ bool conv_sparse_weight_gradient_applies(const conv_geometry& g,
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
     const auto in = conv_direct_detail::layout_of(g);
-    return sparse_weight_gradient_enabled() && g.groups == 1 && g.channels % 16 == 0 &&
+    return sparse_conv_gradients_enabled() && g.groups == 1 && g.channels % 16 == 0 &&
            in.plane * g.channels < (index_t(1) << 31) - 16 && conv_direct_weight_gradient_applies<T>(g, precision);
   }
 #endif
@@ -127,7 +127,7 @@ bool conv_sparse_weight_gradient_applies(const conv_geometry& g,
 
 // One sample's term of the transposed weight gradient, dweight_t (+)= col dy^T (group_k x out_channels; overwrite:
 // the first sample's term replaces what dweight_t holds), from the nonzeros of dy alone; see the top of this file.
-// Returns false, computing nothing, where more than sparse_weight_gradient_max_density of dy is nonzero: the caller
+// Returns false, computing nothing, where more than sparse_gradient_max_density of dy is nonzero: the caller
 // then runs conv2d_direct_weight_gradient. The caller has checked conv_sparse_weight_gradient_applies.
 inline bool conv2d_sparse_weight_gradient(const float* x, const float* dy, float* dweight_t, const conv_geometry& g,
                                           bool overwrite) {
@@ -162,7 +162,7 @@ inline bool conv2d_sparse_weight_gradient(const float* x, const float* dy, float
     for (index_t ow = 0; ow < g.out_width; ++ow)
       position_bases[p++] = std::int32_t((oh * g.stride_h * in.pitch + ow * g.stride_w) * channels);
   index_t nonzeros = 0;
-  const index_t budget = index_t(sparse_weight_gradient_max_density * double(outputs * plane));
+  const index_t budget = index_t(sparse_gradient_max_density * double(outputs * plane));
   for (index_t o = 0; o < outputs; ++o) {
     const float* row = dy + o * plane;
     for (index_t s = 0; s < band_count; ++s) {
@@ -228,6 +228,188 @@ inline bool conv2d_sparse_weight_gradient(const float* x, const float* dy, float
   return true;
 #else
   (void)x, (void)dy, (void)dweight_t, (void)g, (void)overwrite;
+  return false;
+#endif
+}
+
+
+// ---- the input gradient ---------------------------------------------------------------------------------------------
+// dx = col2im(W^T dy), as conv2d_backward computes it densely: each element of W^T dy, window element (c, i, j) at
+// output position q, is one FMA chain over the output channels from zero (one k block), and col2im adds those to a
+// zeroed dx in window order (i, then j) at the input pixel each lands on. Here the chains run over the output channels
+// whose dy is not zero at q, vectorised over the input channels, and are added to the pixel's sum in the same order:
+// the same bits wherever the weights are finite. (A chain over no nonzero adds +0, which changes no sum: col2im's
+// sums start at +0 and a sum of nonzero terms never becomes -0.)
+
+// Whether conv2d_sparse_input_gradient can compute this convolution's input gradient with the bits of gemm and
+// col2im: turned on, floats on AVX-512, one group of a multiple of 16 channels, and gemm taking the per-sample product
+// W^T dy blocked in one k block.
+template <class T>
+bool conv_sparse_input_gradient_applies(const conv_geometry& g,
+                                        product_precision precision = product_precision::single) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const index_t plane = g.out_plane();
+    return sparse_conv_gradients_enabled() && g.groups == 1 && g.channels % 16 == 0 && plane > 0 &&
+           g.out_channels <= gemm_detail::cache_block<float>::kc &&
+           gemm_detail::route_of<T>(true, false, g.group_k(), plane, g.out_channels, plane, precision) ==
+               gemm_detail::gemm_route::blocked;
+  }
+#endif
+  (void)g, (void)precision;
+  return false;
+}
+
+namespace conv_sparse_detail {
+
+// The chains of two output positions at once (their pixels' sums are independent, and two positions' chains keep
+// twice as many FMAs in flight), for Vectors vectors of input channels: sum_a (+)= the chain over a's listed output
+// channels of value * weights[index], the same for b. weights: one window element's weights, (output channel x input
+// channels), indices already scaled to rows.
+template <int Vectors>
+KILN_NOINLINE void input_gradient_chains(const float* KILN_RESTRICT weights, const float* values_a,
+                                         const std::int32_t* rows_a, index_t count_a, float* sum_a,
+                                         const float* values_b, const std::int32_t* rows_b, index_t count_b,
+                                         float* sum_b) {
+#if defined(__AVX512F__)
+  __m512 a[Vectors], b[Vectors];
+#pragma GCC unroll 8
+  for (int v = 0; v < Vectors; ++v) a[v] = b[v] = _mm512_setzero_ps();
+  const index_t both = std::min(count_a, count_b);
+  index_t t = 0;
+  for (; t < both; ++t) {
+    const __m512 value_a = _mm512_set1_ps(values_a[t]), value_b = _mm512_set1_ps(values_b[t]);
+    const float* row_a = weights + rows_a[t];
+    const float* row_b = weights + rows_b[t];
+#pragma GCC unroll 8
+    for (int v = 0; v < Vectors; ++v) {
+      a[v] = _mm512_fmadd_ps(value_a, _mm512_loadu_ps(row_a + 16 * v), a[v]);
+      b[v] = _mm512_fmadd_ps(value_b, _mm512_loadu_ps(row_b + 16 * v), b[v]);
+    }
+  }
+  for (index_t u = t; u < count_a; ++u) {
+    const __m512 value = _mm512_set1_ps(values_a[u]);
+#pragma GCC unroll 8
+    for (int v = 0; v < Vectors; ++v)
+      a[v] = _mm512_fmadd_ps(value, _mm512_loadu_ps(weights + rows_a[u] + 16 * v), a[v]);
+  }
+  for (index_t u = t; u < count_b; ++u) {
+    const __m512 value = _mm512_set1_ps(values_b[u]);
+#pragma GCC unroll 8
+    for (int v = 0; v < Vectors; ++v)
+      b[v] = _mm512_fmadd_ps(value, _mm512_loadu_ps(weights + rows_b[u] + 16 * v), b[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < Vectors; ++v) {
+    _mm512_storeu_ps(sum_a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(sum_a + 16 * v), a[v]));
+    _mm512_storeu_ps(sum_b + 16 * v, _mm512_add_ps(_mm512_loadu_ps(sum_b + 16 * v), b[v]));
+  }
+#else
+  (void)weights, (void)values_a, (void)rows_a, (void)count_a, (void)sum_a, (void)values_b, (void)rows_b,
+      (void)count_b, (void)sum_b;
+#endif
+}
+
+// Input channels summed per call: at most this many vectors (two positions' chains hold twice as many registers).
+inline constexpr int max_channel_vectors = 4;
+using input_gradient_chains_fn = void (*)(const float*, const float*, const std::int32_t*, index_t, float*,
+                                          const float*, const std::int32_t*, index_t, float*);
+template <int... V>
+constexpr std::array<input_gradient_chains_fn, sizeof...(V)> make_input_gradient_chains(
+    std::integer_sequence<int, V...>) {
+  return {&input_gradient_chains<V + 1>...};
+}
+
+}  // namespace conv_sparse_detail
+
+// The weights as conv2d_sparse_input_gradient reads them, window element by window element, each an (output channel x
+// input channels) matrix; in the calling thread's scratch, valid until its next call. Once per backward pass.
+inline const float* conv_sparse_input_gradient_weights(const float* weight, const conv_geometry& g) {
+  const index_t window = g.kernel_h * g.kernel_w, channels = g.channels, outputs = g.out_channels;
+  float* packed = conv_scratch<float, conv_scratch_use::sparse_input_gradient_weights>(window * outputs * channels);
+  for (index_t o = 0; o < outputs; ++o)
+    for (index_t c = 0; c < channels; ++c)
+      for (index_t e = 0; e < window; ++e)
+        packed[(e * outputs + o) * channels + c] = weight[(o * channels + c) * window + e];
+  return packed;
+}
+
+// One sample's input gradient dx (channels x height x width, overwritten) from its output gradient dy and the weights
+// as conv_sparse_input_gradient_weights lays them out, from the nonzeros of dy alone; see above. Returns false,
+// computing nothing, where more than sparse_gradient_max_density of dy is nonzero: the caller then runs gemm
+// and col2im. The caller has checked conv_sparse_input_gradient_applies.
+inline bool conv2d_sparse_input_gradient(const float* packed_weights, const float* dy, float* dx,
+                                         const conv_geometry& g) {
+#if defined(__AVX512F__)
+  using namespace conv_sparse_detail;
+  const index_t plane = g.out_plane(), channels = g.channels, outputs = g.out_channels;
+  const index_t pixels = g.height * g.width;
+  // Each output position's nonzero output channels: their dy values and their rows in a window element's weights.
+  float* dy_t = conv_scratch<float, conv_scratch_use::transposed_output_gradient>(plane * outputs);
+  gemm_detail::transpose_into(dy, plane, outputs, plane, dy_t);
+  auto* values = conv_scratch<float, conv_scratch_use::sparse_values>(outputs * plane + 16);
+  auto* rows = conv_scratch<std::int32_t, conv_scratch_use::sparse_bases>(outputs * plane + 16);
+  auto* ends = conv_scratch<index_t, conv_scratch_use::sparse_ends>(plane + 1);
+  const index_t budget = index_t(sparse_gradient_max_density * double(outputs * plane));
+  const __m512i row_step = _mm512_set1_epi32(std::int32_t(16 * channels));
+  index_t nonzeros = 0;
+  ends[0] = 0;
+  for (index_t q = 0; q < plane; ++q) {
+    __m512i row = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                     _mm512_set1_epi32(std::int32_t(channels)));
+    for (index_t o = 0; o < outputs; o += 16, row = _mm512_add_epi32(row, row_step)) {
+      const __mmask16 lanes = __mmask16(outputs - o >= 16 ? 0xFFFF : (1u << (outputs - o)) - 1u);
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, dy_t + q * outputs + o);
+      const __mmask16 kept = _mm512_mask_cmp_ps_mask(lanes, v, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      _mm512_storeu_ps(values + nonzeros, _mm512_maskz_compress_ps(kept, v));
+      _mm512_storeu_si512(rows + nonzeros, _mm512_maskz_compress_epi32(kept, row));
+      nonzeros += _mm_popcnt_u32(kept);
+    }
+    ends[q + 1] = nonzeros;
+    if (nonzeros > budget) return false;
+  }
+
+  // The sums channels-last, in window order: window element (i, j) at position (oh, ow) lands on input pixel
+  // (oh * stride_h - pad_h + i * dilation_h, ow * stride_w - pad_w + j * dilation_w), where that lies in the input.
+  float* sums = conv_scratch<float, conv_scratch_use::sparse_input_gradient_sums>(pixels * channels + 16);
+  std::fill_n(sums, pixels * channels, 0.0f);
+  float* nowhere = sums + pixels * channels;  // the second position's sums where there is no second position
+  static constexpr auto chains = make_input_gradient_chains(std::make_integer_sequence<int, max_channel_vectors>{});
+  const index_t vectors = channels / 16;
+  for (index_t i = 0; i < g.kernel_h; ++i)
+    for (index_t j = 0; j < g.kernel_w; ++j) {
+      const float* weights = packed_weights + (i * g.kernel_w + j) * outputs * channels;
+      // The positions whose pixel lies in the input, with their pixels, two at a time.
+      index_t pending = -1, pending_pixel = 0;
+      auto run = [&](index_t qa, index_t pixel_a, index_t qb, index_t pixel_b) {
+        for (index_t v0 = 0; v0 < vectors; v0 += max_channel_vectors) {
+          const auto chain = chains[std::min<index_t>(max_channel_vectors, vectors - v0) - 1];
+          const index_t count_b = qb < 0 ? 0 : ends[qb + 1] - ends[qb], start_b = qb < 0 ? 0 : ends[qb];
+          chain(weights + 16 * v0, values + ends[qa], rows + ends[qa], ends[qa + 1] - ends[qa],
+                sums + pixel_a * channels + 16 * v0, values + start_b, rows + start_b, count_b,
+                qb < 0 ? nowhere : sums + pixel_b * channels + 16 * v0);
+        }
+      };
+      for (index_t oh = 0, q = 0; oh < g.out_height; ++oh) {
+        const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+        for (index_t ow = 0; ow < g.out_width; ++ow, ++q) {
+          const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
+          if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width || ends[q + 1] == ends[q]) continue;
+          if (pending < 0) {
+            pending = q;
+            pending_pixel = ih * g.width + iw;
+          } else {
+            run(pending, pending_pixel, q, ih * g.width + iw);
+            pending = -1;
+          }
+        }
+      }
+      if (pending >= 0) run(pending, pending_pixel, -1, 0);
+    }
+  gemm_detail::transpose_into(sums, channels, pixels, channels, dx);
+  return true;
+#else
+  (void)packed_weights, (void)dy, (void)dx, (void)g;
   return false;
 #endif
 }
