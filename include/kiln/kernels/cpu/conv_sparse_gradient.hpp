@@ -1,17 +1,19 @@
-// A convolution's weight gradient from an output gradient that is mostly zeros, as it is under a max pool: the pool's
-// backward passes each window's gradient to one position of four (2 x 2), and a ReLU before the pool zeroes more.
-// The dense kernels (conv_direct.hpp, im2col + gemm) multiply every zero; this one skips them.
+// A convolution's weight and input gradients from an output gradient that is mostly zeros, as it is under a max pool:
+// the pool's backward passes each window's gradient to one position of four (2 x 2), and a ReLU before the pool zeroes
+// more (the MNIST CNN's second convolution sees about a quarter nonzero). The dense kernels (conv_direct.hpp, im2col +
+// gemm + col2im) multiply every zero; these skip them, sample by sample where at most sparse_gradient_max_density of
+// the sample's output gradient is nonzero.
 //
-// It sums the same terms as conv2d_direct_weight_gradient, in the same order: element (window element r, output
-// channel o) is one FMA chain per k block of the output positions, from zero, over the positions where dy is not zero,
-// added to the sum before it as the dense kernel adds its blocks. A zero term leaves a chain's value as it is (x + 0 =
-// x, and +0 + -0 = +0), so the bits are the dense kernel's wherever the input is finite; where the input holds an
-// infinity or a NaN that meets a zero of dy, the dense kernel's NaN is not produced.
+// They sum the same terms as the dense kernels, in the same order: each element is the same FMA chains (one per k
+// block, from zero) over the same terms less those whose dy is zero, added to the sum before it in the same order. A
+// zero term leaves a chain's value as it is (x + 0 = x, and +0 + -0 = +0), so the bits are the dense kernels'
+// wherever the input and the weights are finite; where an infinity or a NaN there meets a zero of dy, the dense
+// kernels' NaN is not produced. A NaN in dy is summed like any nonzero.
 //
-// The loops are turned round to make skipping possible: the dense kernel vectorises over output channels, sixteen of
+// The weight gradient turns the dense kernel's loops round: that one vectorises over output channels, sixteen of
 // which are rarely all zero at one position; this one vectorises over the window's elements and walks each output
-// channel's nonzero positions. It reads the input channels-last, copied once per sample, so that a window row's
-// elements (kernel width x channels) lie together.
+// channel's nonzero positions, reading the input channels-last (copied once per sample) so that a window row's
+// elements (kernel width x channels) lie together. The input gradient is below.
 #pragma once
 
 #include <algorithm>
@@ -31,12 +33,12 @@
 
 namespace kiln::kernels::cpu {
 
-// Samples whose output gradient has at most this fraction of nonzeros take the sparse kernel; denser ones the dense
-// kernel, which then runs faster. The result is the same either way (above), so only the time depends on it.
+// Samples whose output gradient has at most this fraction of nonzeros take the sparse kernels; denser ones the dense
+// kernels, which then run faster. The result is the same either way (above), so only the time depends on it.
 inline constexpr double sparse_gradient_max_density = 0.5;
 
 namespace conv_sparse_detail {
-// Whether the user allows the kernel: set_sparse_conv_gradients, initialised from KILN_SPARSE_GRADIENT.
+// Whether the user allows the kernels: set_sparse_conv_gradients, initialised from KILN_SPARSE_GRADIENT.
 inline std::atomic<bool>& sparse_allowed() {
   static std::atomic<bool> allowed{env_switch_on("KILN_SPARSE_GRADIENT")};
   return allowed;
@@ -45,11 +47,12 @@ inline std::atomic<bool>& sparse_allowed() {
 // Accumulator registers a pass may hold: the window elements are summed in chunks of at most this many vectors.
 inline constexpr int max_vectors = 24;
 
-// One output channel's FMA chains over one band of positions, for Vectors vectors of window elements:
-// acc[v] (+)= sum over the listed positions t of value[t] * input[base[t] + offsets[v]]. A chain starts from zero at
-// its k block's first band (`start`), else from where the band before left it in `partial`; at the block's last band
+// FMA chains over one run of listed terms, for Vectors vectors of window elements: acc[v] (+)= the sum over the list
+// of value[t] * input[base[t] + offsets[v]]. For the weight gradient a run is one output channel's nonzero positions in
+// one band (below), for the input gradient one position's nonzero output channels. A chain starts from zero at its k
+// block's first run (`start`), else from where the run before left it in `partial`; at the block's last run
 // (`finish`) it is folded into `sums` as the dense kernel folds a block into C: sums = acc where `first` (the first
-// block of a sample that overwrites), else sums + acc. Between bands a chain waits in `partial`: a store and a load,
+// block of a sample that overwrites), else sums + acc. Between runs a chain waits in `partial`: a store and a load,
 // which change no bits.
 template <int Vectors>
 KILN_NOINLINE void sparse_chain(const float* KILN_RESTRICT input, const std::int32_t* KILN_RESTRICT offsets,
@@ -82,6 +85,10 @@ KILN_NOINLINE void sparse_chain(const float* KILN_RESTRICT input, const std::int
 
 using sparse_chain_fn = void (*)(const float*, const std::int32_t*, const float*, const std::int32_t*, index_t,
                                  float*, float*, bool, bool, bool);
+template <int... V>
+constexpr std::array<sparse_chain_fn, sizeof...(V)> make_sparse_chains(std::integer_sequence<int, V...>) {
+  return {&sparse_chain<V + 1>...};
+}
 
 // The input rows that one band of output positions reads should stay in L1 while every output channel sweeps them:
 // at most this many bytes (Zen 4 has 32 KiB of L1, Sapphire Rapids 48).
@@ -92,15 +99,11 @@ struct band {
   index_t p0, p1;
   bool start, finish, first_block;
 };
-template <int... V>
-constexpr std::array<sparse_chain_fn, sizeof...(V)> make_sparse_chains(std::integer_sequence<int, V...>) {
-  return {&sparse_chain<V + 1>...};
-}
 
 }  // namespace conv_sparse_detail
 
-// Turns the sparse weight gradient on or off for every later call (on by default; KILN_SPARSE_GRADIENT=0 in the
-// environment starts it off). It changes the time a step takes, not its results (see the top of this file).
+// Turns the sparse weight and input gradients on or off for every later call (on by default; KILN_SPARSE_GRADIENT=0 in
+// the environment starts them off). They change the time a step takes, not its results (see the top of this file).
 inline void set_sparse_conv_gradients(bool enabled) {
   conv_sparse_detail::sparse_allowed().store(enabled, std::memory_order_relaxed);
 }
@@ -232,14 +235,15 @@ inline bool conv2d_sparse_weight_gradient(const float* x, const float* dy, float
 #endif
 }
 
-
 // ---- the input gradient ---------------------------------------------------------------------------------------------
 // dx = col2im(W^T dy), as conv2d_backward computes it densely: each element of W^T dy, window element (c, i, j) at
 // output position q, is one FMA chain over the output channels from zero (one k block), and col2im adds those to a
-// zeroed dx in window order (i, then j) at the input pixel each lands on. Here the chains run over the output channels
-// whose dy is not zero at q, vectorised over the input channels, and are added to the pixel's sum in the same order:
-// the same bits wherever the weights are finite. (A chain over no nonzero adds +0, which changes no sum: col2im's
-// sums start at +0 and a sum of nonzero terms never becomes -0.)
+// zeroed dx in window order (i, then j) at the input pixel each lands on. Here the chains of one position, all its
+// window elements at once, run over the output channels whose dy is not zero there (the same list for all of them),
+// and the positions go from the last to the first: a pixel's window element (i, j) comes from the position (i, j)
+// before it, so the later (i, j), the earlier the position, and the pixel receives its terms in col2im's order. The
+// same bits wherever the weights are finite. (A position with no nonzero adds +0 everywhere and is skipped: col2im's
+// sums start at +0, and a sum of nonzero terms never becomes -0.)
 
 // Whether conv2d_sparse_input_gradient can compute this convolution's input gradient with the bits of gemm and
 // col2im: turned on, floats on AVX-512, one group of a multiple of 16 channels, and gemm taking the per-sample product
@@ -252,6 +256,7 @@ bool conv_sparse_input_gradient_applies(const conv_geometry& g,
     const index_t plane = g.out_plane();
     return sparse_conv_gradients_enabled() && g.groups == 1 && g.channels % 16 == 0 && plane > 0 &&
            g.out_channels <= gemm_detail::cache_block<float>::kc &&
+           g.out_channels * g.group_k() < (index_t(1) << 31) &&
            gemm_detail::route_of<T>(true, false, g.group_k(), plane, g.out_channels, plane, precision) ==
                gemm_detail::gemm_route::blocked;
   }
@@ -260,152 +265,85 @@ bool conv_sparse_input_gradient_applies(const conv_geometry& g,
   return false;
 }
 
-namespace conv_sparse_detail {
-
-// The chains of two output positions at once (their pixels' sums are independent, and two positions' chains keep
-// twice as many FMAs in flight), for Vectors vectors of input channels: sum_a (+)= the chain over a's listed output
-// channels of value * weights[index], the same for b. weights: one window element's weights, (output channel x input
-// channels), indices already scaled to rows.
-template <int Vectors>
-KILN_NOINLINE void input_gradient_chains(const float* KILN_RESTRICT weights, const float* values_a,
-                                         const std::int32_t* rows_a, index_t count_a, float* sum_a,
-                                         const float* values_b, const std::int32_t* rows_b, index_t count_b,
-                                         float* sum_b) {
-#if defined(__AVX512F__)
-  __m512 a[Vectors], b[Vectors];
-#pragma GCC unroll 8
-  for (int v = 0; v < Vectors; ++v) a[v] = b[v] = _mm512_setzero_ps();
-  const index_t both = std::min(count_a, count_b);
-  index_t t = 0;
-  for (; t < both; ++t) {
-    const __m512 value_a = _mm512_set1_ps(values_a[t]), value_b = _mm512_set1_ps(values_b[t]);
-    const float* row_a = weights + rows_a[t];
-    const float* row_b = weights + rows_b[t];
-#pragma GCC unroll 8
-    for (int v = 0; v < Vectors; ++v) {
-      a[v] = _mm512_fmadd_ps(value_a, _mm512_loadu_ps(row_a + 16 * v), a[v]);
-      b[v] = _mm512_fmadd_ps(value_b, _mm512_loadu_ps(row_b + 16 * v), b[v]);
-    }
-  }
-  for (index_t u = t; u < count_a; ++u) {
-    const __m512 value = _mm512_set1_ps(values_a[u]);
-#pragma GCC unroll 8
-    for (int v = 0; v < Vectors; ++v)
-      a[v] = _mm512_fmadd_ps(value, _mm512_loadu_ps(weights + rows_a[u] + 16 * v), a[v]);
-  }
-  for (index_t u = t; u < count_b; ++u) {
-    const __m512 value = _mm512_set1_ps(values_b[u]);
-#pragma GCC unroll 8
-    for (int v = 0; v < Vectors; ++v)
-      b[v] = _mm512_fmadd_ps(value, _mm512_loadu_ps(weights + rows_b[u] + 16 * v), b[v]);
-  }
-#pragma GCC unroll 8
-  for (int v = 0; v < Vectors; ++v) {
-    _mm512_storeu_ps(sum_a + 16 * v, _mm512_add_ps(_mm512_loadu_ps(sum_a + 16 * v), a[v]));
-    _mm512_storeu_ps(sum_b + 16 * v, _mm512_add_ps(_mm512_loadu_ps(sum_b + 16 * v), b[v]));
-  }
-#else
-  (void)weights, (void)values_a, (void)rows_a, (void)count_a, (void)sum_a, (void)values_b, (void)rows_b,
-      (void)count_b, (void)sum_b;
-#endif
-}
-
-// Input channels summed per call: at most this many vectors (two positions' chains hold twice as many registers).
-inline constexpr int max_channel_vectors = 4;
-using input_gradient_chains_fn = void (*)(const float*, const float*, const std::int32_t*, index_t, float*,
-                                          const float*, const std::int32_t*, index_t, float*);
-template <int... V>
-constexpr std::array<input_gradient_chains_fn, sizeof...(V)> make_input_gradient_chains(
-    std::integer_sequence<int, V...>) {
-  return {&input_gradient_chains<V + 1>...};
-}
-
-}  // namespace conv_sparse_detail
-
-// The weights as conv2d_sparse_input_gradient reads them, window element by window element, each an (output channel x
-// input channels) matrix; in the calling thread's scratch, valid until its next call. Once per backward pass.
+// The weights as conv2d_sparse_input_gradient reads them: each output channel's window channels-last, (kernel row,
+// kernel column, input channel); in the calling thread's scratch, valid until its next call. Once per backward pass.
 inline const float* conv_sparse_input_gradient_weights(const float* weight, const conv_geometry& g) {
   const index_t window = g.kernel_h * g.kernel_w, channels = g.channels, outputs = g.out_channels;
   float* packed = conv_scratch<float, conv_scratch_use::sparse_input_gradient_weights>(window * outputs * channels);
   for (index_t o = 0; o < outputs; ++o)
-    for (index_t c = 0; c < channels; ++c)
-      for (index_t e = 0; e < window; ++e)
-        packed[(e * outputs + o) * channels + c] = weight[(o * channels + c) * window + e];
+    gemm_detail::transpose_into(weight + o * channels * window, window, channels, window,
+                                packed + o * window * channels);
   return packed;
 }
 
 // One sample's input gradient dx (channels x height x width, overwritten) from its output gradient dy and the weights
 // as conv_sparse_input_gradient_weights lays them out, from the nonzeros of dy alone; see above. Returns false,
-// computing nothing, where more than sparse_gradient_max_density of dy is nonzero: the caller then runs gemm
-// and col2im. The caller has checked conv_sparse_input_gradient_applies.
+// computing nothing, where more than sparse_gradient_max_density of dy is nonzero: the caller then runs gemm and
+// col2im. The caller has checked conv_sparse_input_gradient_applies.
 inline bool conv2d_sparse_input_gradient(const float* packed_weights, const float* dy, float* dx,
                                          const conv_geometry& g) {
 #if defined(__AVX512F__)
   using namespace conv_sparse_detail;
   const index_t plane = g.out_plane(), channels = g.channels, outputs = g.out_channels;
-  const index_t pixels = g.height * g.width;
-  // Each output position's nonzero output channels: their dy values and their rows in a window element's weights.
+  const index_t window = g.kernel_h * g.kernel_w, elements = window * channels, pixels = g.height * g.width;
+  // Each output position's nonzero output channels: their dy values and where their windows start in the weights.
   float* dy_t = conv_scratch<float, conv_scratch_use::transposed_output_gradient>(plane * outputs);
   gemm_detail::transpose_into(dy, plane, outputs, plane, dy_t);
   auto* values = conv_scratch<float, conv_scratch_use::sparse_values>(outputs * plane + 16);
-  auto* rows = conv_scratch<std::int32_t, conv_scratch_use::sparse_bases>(outputs * plane + 16);
+  auto* starts = conv_scratch<std::int32_t, conv_scratch_use::sparse_bases>(outputs * plane + 16);
   auto* ends = conv_scratch<index_t, conv_scratch_use::sparse_ends>(plane + 1);
   const index_t budget = index_t(sparse_gradient_max_density * double(outputs * plane));
-  const __m512i row_step = _mm512_set1_epi32(std::int32_t(16 * channels));
+  const __m512i start_step = _mm512_set1_epi32(std::int32_t(16 * elements));
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i first_starts = _mm512_mullo_epi32(lane, _mm512_set1_epi32(std::int32_t(elements)));
   index_t nonzeros = 0;
   ends[0] = 0;
   for (index_t q = 0; q < plane; ++q) {
-    __m512i row = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                     _mm512_set1_epi32(std::int32_t(channels)));
-    for (index_t o = 0; o < outputs; o += 16, row = _mm512_add_epi32(row, row_step)) {
+    __m512i start = first_starts;
+    for (index_t o = 0; o < outputs; o += 16, start = _mm512_add_epi32(start, start_step)) {
       const __mmask16 lanes = __mmask16(outputs - o >= 16 ? 0xFFFF : (1u << (outputs - o)) - 1u);
       const __m512 v = _mm512_maskz_loadu_ps(lanes, dy_t + q * outputs + o);
+      // As in the weight gradient: a NaN is kept, and the compress goes through a register.
       const __mmask16 kept = _mm512_mask_cmp_ps_mask(lanes, v, _mm512_setzero_ps(), _CMP_NEQ_UQ);
       _mm512_storeu_ps(values + nonzeros, _mm512_maskz_compress_ps(kept, v));
-      _mm512_storeu_si512(rows + nonzeros, _mm512_maskz_compress_epi32(kept, row));
+      _mm512_storeu_si512(starts + nonzeros, _mm512_maskz_compress_epi32(kept, start));
       nonzeros += _mm_popcnt_u32(kept);
     }
     ends[q + 1] = nonzeros;
     if (nonzeros > budget) return false;
   }
 
-  // The sums channels-last, in window order: window element (i, j) at position (oh, ow) lands on input pixel
-  // (oh * stride_h - pad_h + i * dilation_h, ow * stride_w - pad_w + j * dilation_w), where that lies in the input.
-  float* sums = conv_scratch<float, conv_scratch_use::sparse_input_gradient_sums>(pixels * channels + 16);
+  // The window's vectors lie one after the other in an output channel's packed weights.
+  const index_t vectors = elements / 16;
+  auto* offsets = conv_scratch<std::int32_t, conv_scratch_use::window_offsets_channels_last>(vectors);
+  for (index_t v = 0; v < vectors; ++v) offsets[v] = std::int32_t(16 * v);
+  // The pixels' sums channels-last, and one position's chains.
+  float* sums = conv_scratch<float, conv_scratch_use::sparse_input_gradient_sums>(pixels * channels + elements);
+  float* chain_sums = sums + pixels * channels;
   std::fill_n(sums, pixels * channels, 0.0f);
-  float* nowhere = sums + pixels * channels;  // the second position's sums where there is no second position
-  static constexpr auto chains = make_input_gradient_chains(std::make_integer_sequence<int, max_channel_vectors>{});
-  const index_t vectors = channels / 16;
-  for (index_t i = 0; i < g.kernel_h; ++i)
-    for (index_t j = 0; j < g.kernel_w; ++j) {
-      const float* weights = packed_weights + (i * g.kernel_w + j) * outputs * channels;
-      // The positions whose pixel lies in the input, with their pixels, two at a time.
-      index_t pending = -1, pending_pixel = 0;
-      auto run = [&](index_t qa, index_t pixel_a, index_t qb, index_t pixel_b) {
-        for (index_t v0 = 0; v0 < vectors; v0 += max_channel_vectors) {
-          const auto chain = chains[std::min<index_t>(max_channel_vectors, vectors - v0) - 1];
-          const index_t count_b = qb < 0 ? 0 : ends[qb + 1] - ends[qb], start_b = qb < 0 ? 0 : ends[qb];
-          chain(weights + 16 * v0, values + ends[qa], rows + ends[qa], ends[qa + 1] - ends[qa],
-                sums + pixel_a * channels + 16 * v0, values + start_b, rows + start_b, count_b,
-                qb < 0 ? nowhere : sums + pixel_b * channels + 16 * v0);
-        }
-      };
-      for (index_t oh = 0, q = 0; oh < g.out_height; ++oh) {
-        const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
-        for (index_t ow = 0; ow < g.out_width; ++ow, ++q) {
-          const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
-          if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width || ends[q + 1] == ends[q]) continue;
-          if (pending < 0) {
-            pending = q;
-            pending_pixel = ih * g.width + iw;
-          } else {
-            run(pending, pending_pixel, q, ih * g.width + iw);
-            pending = -1;
-          }
-        }
-      }
-      if (pending >= 0) run(pending, pending_pixel, -1, 0);
+  static constexpr auto chains = make_sparse_chains(std::make_integer_sequence<int, max_vectors>{});
+  for (index_t q = plane - 1; q >= 0; --q) {
+    const index_t t0 = ends[q], t1 = ends[q + 1];
+    if (t0 == t1) continue;
+    for (index_t v0 = 0; v0 < vectors; v0 += max_vectors) {
+      const auto chain = chains[std::min<index_t>(max_vectors, vectors - v0) - 1];
+      chain(packed_weights, offsets + v0, values + t0, starts + t0, t1 - t0, nullptr, chain_sums + 16 * v0, true,
+            true, true);
     }
+    const index_t oh = q / g.out_width, ow = q % g.out_width;
+    for (index_t i = 0; i < g.kernel_h; ++i) {
+      const index_t ih = oh * g.stride_h - g.pad_h + i * g.dilation_h;
+      if (ih < 0 || ih >= g.height) continue;
+      for (index_t j = 0; j < g.kernel_w; ++j) {
+        const index_t iw = ow * g.stride_w - g.pad_w + j * g.dilation_w;
+        if (iw < 0 || iw >= g.width) continue;
+        float* pixel = sums + (ih * g.width + iw) * channels;
+        const float* term = chain_sums + (i * g.kernel_w + j) * channels;
+        for (index_t c = 0; c < channels; c += 16)
+          _mm512_storeu_ps(pixel + c, _mm512_add_ps(_mm512_loadu_ps(pixel + c), _mm512_load_ps(term + c)));
+      }
+    }
+  }
   gemm_detail::transpose_into(sums, channels, pixels, channels, dx);
   return true;
 #else
