@@ -169,7 +169,7 @@ struct conv_kernels {
       bool direct = false, sparse = false;
       if constexpr (requires { requires Policy::direct_convolution; }) {
         direct = conv_direct_weight_gradient_applies<T>(g, Policy::gemm_precision());
-        sparse = conv_sparse_weight_gradient_applies<T>(g, Policy::gemm_precision());
+        sparse = conv_sparse_weight_gradient_applies<T>(g);
       }
       Policy::for_jobs(sample_groups, weight_gradient_group * g.out_channels * plane * k, [&](index_t s0, index_t s1) {
         // Each thread builds its samples' columns in the place of its first sample's, as in the forward.
@@ -177,14 +177,14 @@ struct conv_kernels {
         for (index_t s = s0; s < s1; ++s) {
           const index_t n0 = s * weight_gradient_group, n1 = std::min(batch, n0 + weight_gradient_group);
           for (index_t n = n0; n < n1; ++n) {
+            // A sample whose output gradient is mostly zeros (under a max pool) skips them (conv_sparse_gradient.hpp).
+            if constexpr (std::is_same_v<T, float>)
+              if (sparse && conv2d_sparse_weight_gradient(x + n * g.in_size(), dy + n * g.out_size(),
+                                                          partial + s * weights, g, n == n0))
+                continue;
             if (direct) {
-              // A sample whose output gradient is mostly zeros (under a max pool) skips them, with the same bits.
-              const T* sample_x = x + n * g.in_size();
-              const T* sample_dy = dy + n * g.out_size();
-              if constexpr (std::is_same_v<T, float>)
-                if (sparse && conv2d_sparse_weight_gradient(sample_x, sample_dy, partial + s * weights, g, n == n0))
-                  continue;
-              conv2d_direct_weight_gradient(sample_x, sample_dy, partial + s * weights, g, n == n0);
+              conv2d_direct_weight_gradient(x + n * g.in_size(), dy + n * g.out_size(), partial + s * weights, g,
+                                            n == n0);
               continue;
             }
             const T* columns = sample_columns<Policy>(x, place, n, g);
@@ -211,7 +211,7 @@ struct conv_kernels {
     // of its first sample's.
     bool sparse_dx = false;
     if constexpr (requires { requires Policy::direct_convolution; })
-      sparse_dx = conv_sparse_input_gradient_applies<T>(g, Policy::gemm_precision());
+      sparse_dx = conv_sparse_input_gradient_applies<T>(g);
     with_activation(input_act, [&](auto kind) {
       Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
         const T* sparse_weights = nullptr;
@@ -219,7 +219,7 @@ struct conv_kernels {
           if (sparse_dx) sparse_weights = conv_sparse_input_gradient_weights(weight, g);
         for (index_t n = n0; n < n1; ++n) {
           T* const sample_dx = dx + n * g.in_size();
-          // A sample whose output gradient is mostly zeros skips them, with the bits of the GEMM and col2im below.
+          // A sample whose output gradient is mostly zeros skips them, as in the weight gradient.
           bool done = false;
           if constexpr (std::is_same_v<T, float>)
             done = sparse_weights && conv2d_sparse_input_gradient(sparse_weights, dy + n * g.out_size(), sample_dx, g);

@@ -8,7 +8,9 @@
 // block, from zero) over the same terms less those whose dy is zero, added to the sum before it in the same order. A
 // zero term leaves a chain's value as it is (x + 0 = x, and +0 + -0 = +0), so the bits are the dense kernels'
 // wherever the input and the weights are finite; where an infinity or a NaN there meets a zero of dy, the dense
-// kernels' NaN is not produced. A NaN in dy is summed like any nonzero.
+// kernels' NaN is not produced. A NaN in dy is summed like any nonzero. They multiply in single precision whatever the
+// policy's precision: under bfloat16 products (policy::cpu_bf16), whose dense kernels round the operands, the samples
+// they take are computed more exactly than the dense kernels would, rather than with their bits.
 //
 // The weight gradient turns the dense kernel's loops round: that one vectorises over output channels, sixteen of
 // which are rarely all zero at one position; this one vectorises over the window's elements and walks each output
@@ -112,19 +114,18 @@ inline bool sparse_conv_gradients_enabled() {
 }
 
 // Whether conv2d_sparse_weight_gradient can compute this convolution's weight gradient with
-// conv2d_direct_weight_gradient's bits: turned on, floats on AVX-512, one group of a multiple of 16 channels, an
-// input whose padded channels-last copy 32-bit offsets can index, and a product the direct kernel takes.
+// conv2d_direct_weight_gradient's bits in single precision: turned on, floats on AVX-512, one group of a multiple of 16
+// channels, an input whose padded channels-last copy 32-bit offsets can index, and a product the direct kernel takes.
 template <class T>
-bool conv_sparse_weight_gradient_applies(const conv_geometry& g,
-                                         product_precision precision = product_precision::single) {
+bool conv_sparse_weight_gradient_applies(const conv_geometry& g) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
     const auto in = conv_direct_detail::layout_of(g);
     return sparse_conv_gradients_enabled() && g.groups == 1 && g.channels % 16 == 0 &&
-           in.plane * g.channels < (index_t(1) << 31) - 16 && conv_direct_weight_gradient_applies<T>(g, precision);
+           in.plane * g.channels < (index_t(1) << 31) - 16 && conv_direct_weight_gradient_applies<T>(g);
   }
 #endif
-  (void)g, (void)precision;
+  (void)g;
   return false;
 }
 
@@ -246,22 +247,21 @@ inline bool conv2d_sparse_weight_gradient(const float* x, const float* dy, float
 // sums start at +0, and a sum of nonzero terms never becomes -0.)
 
 // Whether conv2d_sparse_input_gradient can compute this convolution's input gradient with the bits of gemm and
-// col2im: turned on, floats on AVX-512, one group of a multiple of 16 channels, and gemm taking the per-sample product
-// W^T dy blocked in one k block.
+// col2im in single precision: turned on, floats on AVX-512, one group of a multiple of 16 channels, and gemm taking
+// the per-sample product W^T dy blocked in one k block.
 template <class T>
-bool conv_sparse_input_gradient_applies(const conv_geometry& g,
-                                        product_precision precision = product_precision::single) {
+bool conv_sparse_input_gradient_applies(const conv_geometry& g) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
     const index_t plane = g.out_plane();
     return sparse_conv_gradients_enabled() && g.groups == 1 && g.channels % 16 == 0 && plane > 0 &&
            g.out_channels <= gemm_detail::cache_block<float>::kc &&
            g.out_channels * g.group_k() < (index_t(1) << 31) &&
-           gemm_detail::route_of<T>(true, false, g.group_k(), plane, g.out_channels, plane, precision) ==
+           gemm_detail::route_of<T>(true, false, g.group_k(), plane, g.out_channels, plane) ==
                gemm_detail::gemm_route::blocked;
   }
 #endif
-  (void)g, (void)precision;
+  (void)g;
   return false;
 }
 
