@@ -1,8 +1,8 @@
 // A convolution's weight and input gradients from an output gradient that is mostly zeros, as it is under a max pool:
-// the pool's backward passes each window's gradient to one position of four (2 x 2), and a ReLU before the pool zeroes
-// more (the MNIST CNN's second convolution sees about a quarter nonzero). The dense kernels (conv_direct.hpp, im2col +
-// gemm + col2im) multiply every zero; these skip them, sample by sample where at most sparse_gradient_max_density of
-// the sample's output gradient is nonzero.
+// the pool's backward passes each window's gradient to one position of four (2 x 2), and a ReLU before the pool
+// zeroes more (the MNIST CNN's second convolution sees at most a quarter nonzero). The dense kernels (conv_direct.hpp,
+// im2col + gemm + col2im) multiply every zero; these skip them, sample by sample where at most
+// sparse_gradient_max_density of the sample's output gradient is nonzero.
 //
 // They sum the same terms as the dense kernels, in the same order: each element is the same FMA chains (one per k
 // block, from zero) over the same terms less those whose dy is zero, added to the sum before it in the same order. A
@@ -241,10 +241,10 @@ inline bool conv2d_sparse_weight_gradient(const float* x, const float* dy, float
 // output position q, is one FMA chain over the output channels from zero (one k block), and col2im adds those to a
 // zeroed dx in window order (i, then j) at the input pixel each lands on. Here the chains of one position, all its
 // window elements at once, run over the output channels whose dy is not zero there (the same list for all of them),
-// and the positions go from the last to the first: a pixel's window element (i, j) comes from the position (i, j)
-// before it, so the later (i, j), the earlier the position, and the pixel receives its terms in col2im's order. The
-// same bits wherever the weights are finite. (A position with no nonzero adds +0 everywhere and is skipped: col2im's
-// sums start at +0, and a sum of nonzero terms never becomes -0.)
+// and the positions go from the last to the first: a pixel's window element (i, j) comes from the position that many
+// window steps before it, so the later (i, j), the earlier the position, and the pixel receives its terms in
+// col2im's order. The same bits wherever the weights are finite. (A position with no nonzero adds +0 everywhere and is
+// skipped: col2im's sums start at +0, and a sum of nonzero terms never becomes -0.)
 
 // Whether conv2d_sparse_input_gradient can compute this convolution's input gradient with the bits of gemm and
 // col2im in single precision: turned on, floats on AVX-512, one group of a multiple of 16 channels, and gemm taking
@@ -266,7 +266,8 @@ bool conv_sparse_input_gradient_applies(const conv_geometry& g) {
 }
 
 // The weights as conv2d_sparse_input_gradient reads them: each output channel's window channels-last, (kernel row,
-// kernel column, input channel); in the calling thread's scratch, valid until its next call. Once per backward pass.
+// kernel column, input channel); in the calling thread's scratch, valid until its next call. Once per thread's share of
+// a backward pass's samples.
 inline const float* conv_sparse_input_gradient_weights(const float* weight, const conv_geometry& g) {
   const index_t window = g.kernel_h * g.kernel_w, channels = g.channels, outputs = g.out_channels;
   float* packed = conv_scratch<float, conv_scratch_use::sparse_input_gradient_weights>(window * outputs * channels);
