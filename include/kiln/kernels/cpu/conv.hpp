@@ -166,7 +166,8 @@ struct conv_kernels {
       const index_t sample_groups = (batch + weight_gradient_group - 1) / weight_gradient_group;
       T* partial = conv_scratch<T, conv_scratch_use::weight_gradient_sums>((sample_groups + 1) * weights);
       T* dweight_t = partial + sample_groups * weights;
-      bool direct = false, sparse = false;
+      bool direct = false;
+      [[maybe_unused]] bool sparse = false;  // read for floats only, as are sparse_dx and sparse_weights below
       if constexpr (requires { requires Policy::direct_convolution; }) {
         direct = conv_direct_weight_gradient_applies<T>(g, Policy::gemm_precision());
         sparse = conv_sparse_weight_gradient_applies<T>(g);
@@ -209,12 +210,12 @@ struct conv_kernels {
     if (!dx) return;
     // The input gradient is per sample: batch slices, as in the forward, each slice's column gradients in the place
     // of its first sample's.
-    bool sparse_dx = false;
+    [[maybe_unused]] bool sparse_dx = false;
     if constexpr (requires { requires Policy::direct_convolution; })
       sparse_dx = conv_sparse_input_gradient_applies<T>(g);
     with_activation(input_act, [&](auto kind) {
       Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
-        const T* sparse_weights = nullptr;
+        [[maybe_unused]] const T* sparse_weights = nullptr;
         if constexpr (std::is_same_v<T, float>)
           if (sparse_dx) sparse_weights = conv_sparse_input_gradient_weights(weight, g);
         for (index_t n = n0; n < n1; ++n) {
