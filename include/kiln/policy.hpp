@@ -6,6 +6,7 @@
 
 #include "kiln/core/memory.hpp"
 #include "kiln/kernels/cpu/cnn.hpp"
+#include "kiln/kernels/cpu/dense_sparse_input.hpp"
 #include "kiln/kernels/cpu/elementwise.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/loss.hpp"
@@ -29,12 +30,16 @@ struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::loss_kernels,
              kernels::cpu::optim_kernels,
              kernels::cpu::recurrent_kernels,
-             kernels::cpu::cnn_kernels {
+             kernels::cpu::cnn_kernels,
+             kernels::cpu::sparse_input_kernels {
   static constexpr const char* name = "cpu";
   // Convolutions' forward (unit strides) and weight gradient read their input in place with the blocked GEMM's
   // arithmetic (conv_direct.hpp) instead of building im2col's column matrix for gemm: the same bits, where gemm would
   // run the product blocked.
   static constexpr bool direct_convolution = true;
+  // A Dense layer's input mostly of one value (MNIST's blank pixels) takes the sparse-input products
+  // (dense_sparse_input.hpp) for its forward and weight gradient: the same sums within float rounding.
+  static constexpr bool sparse_input_products = true;
 
   // The memory contract every policy provides: where its buffers live and how data crosses to and from the host.
   // CPU memory is host memory, so staging is a plain copy and there is nothing to wait for. Callers test
@@ -166,6 +171,7 @@ struct cpu_bf16x3 : cpu_fixed_precision<kernels::cpu::product_precision::bfloat1
 struct cpu_blas : cpu {
   static constexpr const char* name = "cpu_blas";
   static constexpr bool direct_convolution = false;  // every product, a convolution's included, is OpenBLAS's
+  static constexpr bool sparse_input_products = false;  // and a Dense layer's, whatever its input
 
   // Every product goes to OpenBLAS, which packs for itself and threads on its own.
   template <class T>

@@ -14,15 +14,39 @@
 
 namespace kiln {
 
+namespace dense_detail {
+// The policy's sparse-input products (kernels/cpu/dense_sparse_input.hpp), where it has them: each returns false,
+// computing nothing, where the input is not mostly one value, and the caller then runs its GEMM.
+template <class Policy, class T>
+bool forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in, index_t out,
+                          activation act, T slope) {
+  if constexpr (requires { requires Policy::sparse_input_products; })
+    return Policy::dense_forward_sparse_input(x, weight, bias, y, batch, in, out, act, slope);
+  (void)x, (void)weight, (void)bias, (void)y, (void)batch, (void)in, (void)out, (void)act, (void)slope;
+  return false;
+}
+template <class Policy, class T>
+bool weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in, index_t out,
+                                  bool accumulate) {
+  if constexpr (requires { requires Policy::sparse_input_products; })
+    return Policy::dense_weight_gradient_sparse_input(x, dy, dweight, batch, in, out, accumulate);
+  (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate;
+  return false;
+}
+}  // namespace dense_detail
+
 // y[batch, out] = act(x[batch, in] W[out, in]^T + b[out]). bias may be null. With a GELU, whose derivative needs the
-// pre-activation, pre_activation (batch x out) receives it; for the other activations it may be null.
+// pre-activation, pre_activation (batch x out) receives it; for the other activations it may be null. An input
+// mostly of one value (MNIST's blank pixels) takes the policy's sparse-input product where it has one.
 template <class Policy, class T>
 void dense_forward(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in, index_t out,
                    activation act = activation::identity, T slope = T(0.01), T* pre_activation = nullptr) {
   if (activation_grad_needs_input(act) && pre_activation) {
-    Policy::gemm(false, true, batch, out, in, T(1), x, in, weight, in, T(0), pre_activation, out, {bias});
+    if (!dense_detail::forward_sparse_input<Policy>(x, weight, bias, pre_activation, batch, in, out,
+                                                    activation::identity, slope))
+      Policy::gemm(false, true, batch, out, in, T(1), x, in, weight, in, T(0), pre_activation, out, {bias});
     Policy::activation_forward(act, pre_activation, y, batch * out, slope);
-  } else {
+  } else if (!dense_detail::forward_sparse_input<Policy>(x, weight, bias, y, batch, in, out, act, slope)) {
     Policy::gemm(false, true, batch, out, in, T(1), x, in, weight, in, T(0), y, out, {bias, act, slope});
   }
 }
@@ -34,7 +58,8 @@ template <class Policy, class T>
 void dense_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, index_t batch, index_t in,
                     index_t out, bool accumulate) {
   T beta = accumulate ? T(1) : T(0);
-  Policy::gemm(true, false, out, in, batch, T(1), dy, out, x, in, beta, dweight, in);
+  if (!dense_detail::weight_gradient_sparse_input<Policy>(x, dy, dweight, batch, in, out, accumulate))
+    Policy::gemm(true, false, out, in, batch, T(1), dy, out, x, in, beta, dweight, in);
   if (dbias) Policy::sum_rows(dy, dbias, batch, out, accumulate);
   if (dx) Policy::gemm(false, false, batch, in, out, T(1), dy, out, weight, in, T(0), dx, in);
 }

@@ -1,0 +1,402 @@
+// A Dense layer's forward and weight gradient from an input most of whose elements hold one value, its background:
+// MNIST's normalised images, whose blank pixels (four in five) all become (0 - 0.1307) / 0.3081, or one-hot and
+// bag-of-words features (background 0). Both products of the input, y = x W^T and dW = dy^T x, then cost what its
+// other elements cost:
+//
+//   x = c + d, with d zero at the background:  x W^T = c (1 W^T) + d W^T,  dy^T x = c (dy^T 1) + dy^T d.
+//
+// c (1 W^T) is c times W's row sums and c (dy^T 1) c times dy's column sums, each one pass; the products of d take
+// its nonzeros alone, listed by row for the forward and by column for the weight gradient. Where c is 0 these are
+// the plain sparse products.
+//
+// The sums are those of the dense product, in another order and with d = x - c rounded once, so the results are the
+// dense product's within float rounding, not its bits (tests/test_dense_sparse_input.cpp checks them against a
+// double-precision product). Which path a product takes depends on the input's values alone, never on the threads, so
+// static and dynamic mode, and the fused step (fused_mlp.hpp), all take the same one and agree bit for bit. The
+// kernels multiply in single precision whatever the policy's precision, as the sparse convolution gradients do.
+//
+// Why the layouts: the forward keeps a row's outputs (up to 128 of them) in registers and adds, for each listed
+// element, that element times a row of W^T, so W is transposed once per call into scratch; the weight gradient keeps
+// a column of dW^T in registers and adds each listed element times a row of dy, then transposes dW^T into dW. Both
+// transposes run 16 x 16 in registers and cost about a tenth of the products they replace on MNIST's 784 x 128.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "kiln/core/config.hpp"
+#include "kiln/core/env_switch.hpp"
+#include "kiln/kernels/activation.hpp"
+#include "kiln/kernels/cpu/gemm.hpp"
+#include "kiln/kernels/cpu/gemm_microkernel.hpp"
+#include "kiln/kernels/cpu/gemm_scratch.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
+
+namespace kiln::kernels::cpu {
+
+// Inputs with at most this fraction of elements off the background take the sparse products; denser ones the dense
+// GEMM, which is then faster (bench/gemm_bench --sparse-input measures the crossing).
+inline constexpr double sparse_input_max_density = 0.3;
+
+namespace sparse_input_detail {
+// Whether the user allows the kernels: set_sparse_input_products, initialised from KILN_SPARSE_INPUT.
+inline std::atomic<bool>& sparse_allowed() {
+  static std::atomic<bool> allowed{env_switch_on("KILN_SPARSE_INPUT")};
+  return allowed;
+}
+// Output units a pass holds in registers: 8 vectors of 16. (Passes of 4 vectors, whose rows of dy and blocks of W^T's
+// rows would stay in L1, ran slower: 1.1-1.4x the time on Zen 4, the lists walked twice and a block's partial sums
+// stored and reloaded per row.)
+inline constexpr int max_vectors = 8;
+
+#if defined(__AVX512F__)
+// dst[c * ld_dst + r] = src[r * ld_src + c] (+ dst's value where add) for r < rows, c < cols, both at most 16: a
+// 16 x 16 transpose in registers (pairs of floats, then of doubles within 128-bit lanes, then the lanes themselves).
+// (The maskz forms throughout: GCC 12 warns that the plain ones' undefined pass-through register may be used
+// uninitialised.)
+KILN_ALWAYS_INLINE void transpose_tile(const float* src, index_t ld_src, int rows, int cols, float* dst,
+                                       index_t ld_dst, bool add) {
+  const __mmask16 col_mask = __mmask16((1u << cols) - 1u), row_mask = __mmask16((1u << rows) - 1u);
+  __m512 r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * ld_src) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_maskz_unpacklo_ps(__mmask16(0xffff), r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_maskz_unpackhi_ps(__mmask16(0xffff), r[2 * k], r[2 * k + 1]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m512d t0 = _mm512_castps_pd(t[4 * k]), t1 = _mm512_castps_pd(t[4 * k + 1]);
+    const __m512d t2 = _mm512_castps_pd(t[4 * k + 2]), t3 = _mm512_castps_pd(t[4 * k + 3]);
+    r[4 * k] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(__mmask8(0xff), t0, t2));
+    r[4 * k + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(__mmask8(0xff), t0, t2));
+    r[4 * k + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(__mmask8(0xff), t1, t3));
+    r[4 * k + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(__mmask8(0xff), t1, t3));
+  }
+  // r[4 k + m], 128-bit lane l, now holds column 4 l + m of rows 4 k .. 4 k + 3.
+#pragma GCC unroll 4
+  for (int m = 0; m < 4; ++m) {
+    const __m512 u0 = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), r[m], r[4 + m], 0x88), u1 = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), r[m], r[4 + m], 0xdd);
+    const __m512 v0 = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), r[8 + m], r[12 + m], 0x88);
+    const __m512 v1 = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), r[8 + m], r[12 + m], 0xdd);
+    t[m] = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), u0, v0, 0x88);
+    t[4 + m] = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), u1, v1, 0x88);
+    t[8 + m] = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), u0, v0, 0xdd);
+    t[12 + m] = _mm512_maskz_shuffle_f32x4(__mmask16(0xffff), u1, v1, 0xdd);
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < 16; ++c) {
+    if (c >= cols) break;
+    float* out = dst + c * ld_dst;
+    const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(row_mask, out), t[c]) : t[c];
+    _mm512_mask_storeu_ps(out, row_mask, v);
+  }
+}
+
+// dst (cols x rows, leading dimension ld_dst) = src^T (+ dst where add), src rows x cols.
+inline void transpose(const float* src, index_t ld_src, index_t rows, index_t cols, float* dst, index_t ld_dst,
+                      bool add) {
+  for (index_t i = 0; i < rows; i += 16)
+    for (index_t j = 0; j < cols; j += 16)
+      transpose_tile(src + i * ld_src + j, ld_src, int(std::min<index_t>(16, rows - i)),
+                     int(std::min<index_t>(16, cols - j)), dst + j * ld_dst + i, ld_dst, add);
+}
+#endif
+}  // namespace sparse_input_detail
+
+// Turns the sparse-input products on or off for every later call (on by default; KILN_SPARSE_INPUT=0 in the
+// environment starts them off). Unlike the sparse convolution gradients they change results within float rounding.
+inline void set_sparse_input_products(bool enabled) {
+  sparse_input_detail::sparse_allowed().store(enabled, std::memory_order_relaxed);
+}
+inline bool sparse_input_products_enabled() {
+  return sparse_input_detail::sparse_allowed().load(std::memory_order_relaxed);
+}
+
+// An input matrix (rows x cols) as its background value and the differences from it of its other elements, listed
+// line by line: row by row (each row's columns ascending) or column by column (each column's rows ascending). The
+// buffers grow to the largest input seen and are then reused: no heap traffic in a steady state.
+class sparse_input {
+ public:
+  float background = 0;
+  index_t rows = 0, cols = 0, entries = 0;
+  bool by_column = false;
+
+  // Line l (row l, or column l where by_column) lists [start[l], start[l + 1]) of index (the elements' columns, or
+  // rows) and value. Valid until the next scan.
+  const index_t* start = nullptr;
+  const std::int32_t* index = nullptr;
+  const float* value = nullptr;
+
+  // Lists x (rows x cols, leading dimension ldx) against the background x[0]. Returns false, with nothing usable
+  // listed, where x[0] is not finite or more than max_density of the elements differ from it (it stops reading
+  // there, so a dense input costs a fraction of one pass). The answer depends on x alone, not on by_column.
+  bool scan(const float* x, index_t rows, index_t cols, index_t ldx, bool by_column,
+            double max_density = sparse_input_max_density);
+
+ private:
+  template <class U>
+  static U* grow(gemm_detail::gemm_scratch& s, index_t count) {
+    return static_cast<U*>(s.reserve(static_cast<std::size_t>(count) * sizeof(U)));
+  }
+  gemm_detail::gemm_scratch start_, index_, value_, transposed_;
+};
+
+inline bool sparse_input::scan(const float* x, index_t rows_, index_t cols_, index_t ldx, bool by_column_,
+                               double max_density) {
+#if defined(__AVX512F__)
+  rows = rows_;
+  cols = cols_;
+  by_column = by_column_;
+  entries = 0;
+  if (rows <= 0 || cols <= 0 || !std::isfinite(x[0])) return false;
+  background = x[0];
+  // By column: the rows of x^T, transposed 16 x 16 in registers (a counting sort of the row lists took twice as
+  // long: its scattered stores wait on each other).
+  const float* m = x;
+  index_t lines = rows, length = cols, ld = ldx;
+  if (by_column) {
+    float* const t = grow<float>(transposed_, cols * rows);
+    sparse_input_detail::transpose(x, ldx, rows, cols, t, rows, false);
+    m = t;
+    lines = cols;
+    length = rows;
+    ld = rows;
+  }
+  const index_t limit = static_cast<index_t>(max_density * double(rows) * double(cols));
+  index_t* const starts = grow<index_t>(start_, lines + 1);
+  // Compressed vectors are stored whole: 16 elements of slack past the limit.
+  std::int32_t* const indices = grow<std::int32_t>(index_, limit + 16);
+  float* const values = grow<float>(value_, limit + 16);
+  const __m512 c = _mm512_set1_ps(background);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  index_t count = 0;
+  for (index_t l = 0; l < lines; ++l) {
+    starts[l] = count;
+    const float* line = m + l * ld;
+    for (index_t j = 0; j < length; j += 16) {
+      const __mmask16 valid = j + 16 <= length ? __mmask16(0xffff) : __mmask16((1u << (length - j)) - 1u);
+      const __m512 v = _mm512_maskz_loadu_ps(valid, line + j);
+      // Unordered: a NaN differs from the background and is listed, so that it reaches the outputs it would reach.
+      const __mmask16 off = _mm512_mask_cmp_ps_mask(valid, v, c, _CMP_NEQ_UQ);
+      if (!off) continue;
+      const index_t n = __builtin_popcount(off);
+      if (count + n > limit) return false;
+      // Compressed in a register and stored whole: Zen 4 runs the compressing store to memory as slow microcode.
+      _mm512_storeu_ps(values + count, _mm512_maskz_compress_ps(off, _mm512_sub_ps(v, c)));
+      _mm512_storeu_si512(indices + count,
+                          _mm512_maskz_compress_epi32(off, _mm512_add_epi32(lane, _mm512_set1_epi32(int(j)))));
+      count += n;
+    }
+  }
+  starts[lines] = count;
+  entries = count;
+  start = starts;
+  index = indices;
+  value = values;
+  return true;
+#else
+  (void)x, (void)rows_, (void)cols_, (void)ldx, (void)by_column_, (void)max_density;
+  return false;
+#endif
+}
+
+namespace sparse_input_detail {
+
+#if defined(__AVX512F__)
+// One row of the forward, Vectors vectors of outputs: the background's share c * sums, then each listed element of
+// the row times its row of w_t (cols x width, from the pass's first column), stored through the GEMM's epilogue.
+template <int Vectors>
+KILN_NOINLINE void forward_row(float c, const float* KILN_RESTRICT sums, const float* KILN_RESTRICT w_t,
+                               index_t width, const std::int32_t* KILN_RESTRICT columns,
+                               const float* KILN_RESTRICT values, index_t count, float* y,
+                               const gemm_detail::tile_epilogue<float>& tile) {
+  __m512 acc[1][Vectors];
+  const __m512 background = _mm512_set1_ps(c);
+#pragma GCC unroll 8
+  for (int v = 0; v < Vectors; ++v) acc[0][v] = _mm512_mul_ps(background, _mm512_load_ps(sums + 16 * v));
+  for (index_t t = 0; t < count; ++t) {
+    const __m512 value = _mm512_set1_ps(values[t]);
+    const float* w_row = w_t + index_t(columns[t]) * width;
+#pragma GCC unroll 8
+    for (int v = 0; v < Vectors; ++v) acc[0][v] = _mm512_fmadd_ps(value, _mm512_load_ps(w_row + 16 * v), acc[0][v]);
+  }
+  gemm_detail::store_tile<float, 1, Vectors>(acc, y, 0, 16 * Vectors, tile);
+}
+
+// One column of the transposed weight gradient, Vectors vectors of output units: c * dy's column sums, then each
+// listed element of the input's column times its row of dy; stored to g_t.
+template <int Vectors>
+KILN_NOINLINE void gradient_column(float c, const float* KILN_RESTRICT sums, const float* KILN_RESTRICT dy,
+                                   index_t ldy, const std::int32_t* KILN_RESTRICT rows,
+                                   const float* KILN_RESTRICT values, index_t count, float* KILN_RESTRICT g_t) {
+  __m512 acc[Vectors];
+  const __m512 background = _mm512_set1_ps(c);
+#pragma GCC unroll 8
+  for (int v = 0; v < Vectors; ++v) acc[v] = _mm512_mul_ps(background, _mm512_load_ps(sums + 16 * v));
+  for (index_t t = 0; t < count; ++t) {
+    const __m512 value = _mm512_set1_ps(values[t]);
+    const float* dy_row = dy + index_t(rows[t]) * ldy;
+#pragma GCC unroll 8
+    for (int v = 0; v < Vectors; ++v) acc[v] = _mm512_fmadd_ps(value, _mm512_loadu_ps(dy_row + 16 * v), acc[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < Vectors; ++v) _mm512_store_ps(g_t + 16 * v, acc[v]);
+}
+
+// Calls f.template operator()<V>() for V = vectors, 1 <= vectors <= max_vectors.
+template <class F>
+KILN_ALWAYS_INLINE void with_vectors(int vectors, F&& f) {
+  [&]<int... V>(std::integer_sequence<int, V...>) {
+    ((vectors == V + 1 ? (f.template operator()<V + 1>(), true) : false) || ...);
+  }(std::make_integer_sequence<int, max_vectors>{});
+}
+#endif
+
+inline gemm_detail::gemm_scratch& transposed_scratch() {
+  static thread_local gemm_detail::gemm_scratch scratch;
+  return scratch;
+}
+
+
+}  // namespace sparse_input_detail
+
+// Outputs [o0, o1) of every row of y = act(x W^T + bias), x listed by s (rows x in), W (out x in, leading dimension
+// ldw), y (rows x out, leading dimension ldy); o0 and o1 - o0 multiples of 16. The epilogue is the GEMM's (bias
+// added, then the activation). Runs on the calling thread.
+inline void sparse_input_forward_part(const sparse_input& s, const float* w, index_t ldw, const float* bias,
+                                      activation act, float slope, float* y, index_t ldy, index_t o0, index_t o1) {
+#if defined(__AVX512F__)
+  using namespace sparse_input_detail;
+  const index_t width = o1 - o0, in = s.cols;
+  if (width <= 0) return;
+  // W's rows [o0, o1) transposed (in x width), then their sums over the inputs, in input order.
+  float* const w_t = static_cast<float*>(
+      transposed_scratch().reserve(static_cast<std::size_t>((in + 1) * width) * sizeof(float)));
+  float* const sums = w_t + in * width;
+  transpose(w + o0 * ldw, ldw, width, in, w_t, width, false);
+  for (index_t o = 0; o < width; o += 16) {
+    __m512 sum = _mm512_setzero_ps();
+    for (index_t j = 0; j < in; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(w_t + j * width + o));
+    _mm512_store_ps(sums + o, sum);
+  }
+  const index_t* starts = s.start;
+  for (index_t o = 0; o < width; o += 16 * max_vectors) {
+    const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
+    const gemm_detail::tile_epilogue<float> tile{1.0f, 0.0f, bias ? bias + o0 + o : nullptr, act, slope, true, true};
+    with_vectors(vectors, [&]<int V>() {
+      for (index_t i = 0; i < s.rows; ++i)
+        forward_row<V>(s.background, sums + o, w_t + o, width, s.index + starts[i], s.value + starts[i],
+                       starts[i + 1] - starts[i], y + i * ldy + o0 + o, tile);
+    });
+  }
+#else
+  (void)s, (void)w, (void)ldw, (void)bias, (void)act, (void)slope, (void)y, (void)ldy, (void)o0, (void)o1;
+#endif
+}
+
+// Rows [o0, o1) of dW = dy^T x (added to dW's values where accumulate), x listed by s by column (rows x in), dy
+// (rows x out, leading dimension ldy), dW (out x in, leading dimension ldw); o0 and o1 - o0 multiples of 16. Runs on
+// the calling thread.
+inline void sparse_input_weight_gradient_part(const sparse_input& s, const float* dy, index_t ldy, float* dw,
+                                              index_t ldw, bool accumulate, index_t o0, index_t o1) {
+#if defined(__AVX512F__)
+  using namespace sparse_input_detail;
+  const index_t width = o1 - o0, in = s.cols;
+  if (width <= 0) return;
+  float* const g_t = static_cast<float*>(
+      transposed_scratch().reserve(static_cast<std::size_t>((in + 1) * width) * sizeof(float)));
+  float* const sums = g_t + in * width;
+  // dy's column sums over the rows, in row order.
+  for (index_t o = 0; o < width; o += 16) {
+    __m512 sum = _mm512_setzero_ps();
+    for (index_t i = 0; i < s.rows; ++i) sum = _mm512_add_ps(sum, _mm512_loadu_ps(dy + i * ldy + o0 + o));
+    _mm512_store_ps(sums + o, sum);
+  }
+  const index_t* starts = s.start;
+  for (index_t o = 0; o < width; o += 16 * max_vectors) {
+    const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
+    with_vectors(vectors, [&]<int V>() {
+      for (index_t j = 0; j < in; ++j)
+        gradient_column<V>(s.background, sums + o, dy + o0 + o, ldy, s.index + starts[j],
+                           s.value + starts[j], starts[j + 1] - starts[j], g_t + j * width + o);
+    });
+  }
+  transpose(g_t, width, in, width, dw + o0 * ldw, ldw, accumulate);
+#else
+  (void)s, (void)dy, (void)ldy, (void)dw, (void)ldw, (void)accumulate, (void)o0, (void)o1;
+#endif
+}
+
+// Whether a Dense layer of this shape may take the sparse-input products: turned on, floats on AVX-512, a multiple of
+// 16 outputs, and enough work that a scan of the input repays itself.
+template <class T>
+bool dense_sparse_input_applies(index_t batch, index_t in, index_t out) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>)
+    return sparse_input_products_enabled() && out % 16 == 0 && in < (index_t(1) << 31) - 16 &&
+           batch < (index_t(1) << 31) && batch * in * out >= gemm_detail::parallel_min_work;
+#endif
+  (void)batch, (void)in, (void)out;
+  return false;
+}
+
+// The sparse-input products behind policy::cpu: each returns false, computing nothing, where the layer's input does
+// not qualify (dense_sparse_input_applies, sparse_input::scan), and the caller then runs the GEMM.
+struct sparse_input_kernels {
+  static sparse_input& thread_input() {
+    static thread_local sparse_input input;
+    return input;
+  }
+
+  // y = act(x W^T + bias) for x (batch x in), W (out x in), y (batch x out), all contiguous.
+  template <class T>
+  static bool dense_forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in,
+                                         index_t out, activation act, T slope) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
+      sparse_input& s = thread_input();
+      if (!s.scan(x, batch, in, in, false)) return false;
+      over_output_tiles(s, out, [&](index_t o0, index_t o1) {
+        sparse_input_forward_part(s, weight, in, bias, act, slope, y, out, o0, o1);
+      });
+      return true;
+    }
+    (void)x, (void)weight, (void)bias, (void)y, (void)batch, (void)in, (void)out, (void)act, (void)slope;
+    return false;
+  }
+
+  // dW = dy^T x (+ dW where accumulate) for x (batch x in), dy (batch x out), dW (out x in), all contiguous.
+  template <class T>
+  static bool dense_weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in,
+                                                 index_t out, bool accumulate) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
+      sparse_input& s = thread_input();
+      if (!s.scan(x, batch, in, in, true)) return false;
+      over_output_tiles(s, out, [&](index_t o0, index_t o1) {
+        sparse_input_weight_gradient_part(s, dy, out, dweight, in, accumulate, o0, o1);
+      });
+      return true;
+    }
+    (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate;
+    return false;
+  }
+
+ private:
+  // body(o0, o1) over the outputs in tiles of 16, one slice per thread where the listed work repays a parallel region.
+  template <class Body>
+  static void over_output_tiles(const sparse_input& s, index_t out, Body&& body) {
+    const index_t tiles = out / 16, work = (s.entries + s.cols) * out;
+    const index_t min_tiles = work >= gemm_detail::parallel_min_work ? 1 : tiles + 1;
+    parallel_row_slices(tiles, min_tiles, [&](index_t t0, index_t t1) { body(t0 * 16, t1 * 16); });
+  }
+};
+
+}  // namespace kiln::kernels::cpu

@@ -1,0 +1,283 @@
+// The sparse-input products (kernels/cpu/dense_sparse_input.hpp): the listing of an input mostly of one value, the
+// forward and the weight gradient against a double-precision product for inputs of background 0 and not, parts over
+// output ranges with the whole call's bits, NaNs reaching the outputs they would reach, Dense's forward and backward
+// in both modes taking them (and the same values within float rounding with them switched off), and which inputs
+// they decline. The fused step's agreement with them is in test_fused_mlp.cpp.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kiln/dynamic/nn.hpp"
+#include "kiln/kiln.hpp"
+#include "thread_settings.hpp"
+
+using namespace kiln;
+namespace cpu = kiln::kernels::cpu;
+
+namespace {
+
+// rows x cols with `background` everywhere but at about `density` of the elements (none at [0][0]).
+std::vector<float> mostly_background(index_t rows, index_t cols, float background, double density,
+                                     std::uint64_t seed) {
+  random_generator rng(seed);
+  std::vector<float> x(std::size_t(rows * cols), background);
+  for (std::size_t i = 1; i < x.size(); ++i)
+    if (rng.uniform<double>() < density) x[i] = rng.normal<float>() + 0.5f;
+  return x;
+}
+
+std::vector<float> normal_values(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
+  random_generator rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = scale * rng.normal<float>();
+  return v;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// |got - exact| within float rounding of a sum of n products whose magnitudes add up to `scale`.
+void check_close(float got, double exact, double scale, index_t n) {
+  CHECK(std::fabs(double(got) - exact) <= 4.0 * double(n) * 6e-8 * scale + 1e-30);
+}
+
+bool avx512() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("sparse_input lists the elements off the background by row and by column, and declines dense inputs") {
+  if (!avx512()) return;  // the kernels are AVX-512 only; the layers then run the GEMM
+  // 3 x 20: a background of 2 with five other elements, one a NaN, across a vector boundary.
+  std::vector<float> x(60, 2.0f);
+  x[1 * 20 + 3] = 5.0f;
+  x[1 * 20 + 17] = -1.0f;
+  x[2 * 20 + 0] = std::numeric_limits<float>::quiet_NaN();
+  x[2 * 20 + 3] = 2.5f;
+  x[0 * 20 + 19] = 0.0f;
+  cpu::sparse_input s;
+  REQUIRE(s.scan(x.data(), 3, 20, 20, false, 0.5));
+  CHECK(s.background == 2.0f);
+  CHECK(s.entries == 5);
+  CHECK(std::vector<index_t>(s.start, s.start + 4) == std::vector<index_t>{0, 1, 3, 5});
+  CHECK(std::vector<std::int32_t>(s.index, s.index + 5) == std::vector<std::int32_t>{19, 3, 17, 0, 3});
+  CHECK(s.value[0] == -2.0f);
+  CHECK(s.value[1] == 3.0f);
+  CHECK(s.value[2] == -3.0f);
+  CHECK(std::isnan(s.value[3]));
+  CHECK(s.value[4] == 0.5f);
+  REQUIRE(s.scan(x.data(), 3, 20, 20, true, 0.5));
+  CHECK(s.entries == 5);
+  CHECK(s.start[0] == 0);
+  CHECK(s.start[1] - s.start[0] == 1);  // column 0: row 2's NaN
+  CHECK(s.index[s.start[0]] == 2);
+  CHECK(s.start[4] - s.start[3] == 2);  // column 3: rows 1 and 2, ascending
+  CHECK(s.index[s.start[3]] == 1);
+  CHECK(s.index[s.start[3] + 1] == 2);
+  CHECK(s.value[s.start[3] + 1] == 0.5f);
+  CHECK(s.start[20] == 5);
+  // Five of 60 elements: more than a density of 0.05 allows; a background that is not finite.
+  CHECK_FALSE(s.scan(x.data(), 3, 20, 20, false, 0.05));
+  CHECK_FALSE(s.scan(x.data(), 3, 20, 20, true, 0.05));
+  x[0] = std::numeric_limits<float>::infinity();
+  CHECK_FALSE(s.scan(x.data(), 3, 20, 20, false, 0.5));
+  const auto dense = normal_values(64 * 100, 5);
+  CHECK_FALSE(s.scan(dense.data(), 64, 100, 100, false));
+}
+
+TEST_CASE("the sparse-input forward and weight gradient are the products within float rounding") {
+  if (!avx512()) return;
+  thread_settings_guard guard;
+  struct shape_case {
+    index_t batch, in, out;
+    float background;
+  };
+  // MNIST's first layer; a background of 0 (the plain sparse product); rows and inputs off the vector width, more
+  // outputs than one pass holds (144 = 128 + 16), many passes (1024).
+  for (const shape_case c : {shape_case{64, 784, 128, -0.4242f}, shape_case{67, 100, 48, 0.0f},
+                             shape_case{7, 333, 144, 1.25f}, shape_case{16, 784, 1024, -0.4242f}}) {
+    for (int threads : {1, 2}) {
+      CAPTURE(c.batch);
+      CAPTURE(c.in);
+      CAPTURE(c.out);
+      CAPTURE(threads);
+      set_num_threads(threads);
+      const auto x = mostly_background(c.batch, c.in, c.background, 0.2, 11);
+      const auto w = normal_values(std::size_t(c.out * c.in), 12, 0.05f);
+      const auto bias = normal_values(std::size_t(c.out), 13, 0.1f);
+      const auto dy = normal_values(std::size_t(c.batch * c.out), 14);
+      std::vector<float> y(std::size_t(c.batch * c.out), std::numeric_limits<float>::quiet_NaN());
+      REQUIRE(cpu::sparse_input_kernels::dense_forward_sparse_input(x.data(), w.data(), bias.data(), y.data(), c.batch,
+                                                                     c.in, c.out, activation::identity, 0.0f));
+      for (index_t i = 0; i < c.batch; ++i)
+        for (index_t o = 0; o < c.out; ++o) {
+          double exact = bias[std::size_t(o)], scale = std::fabs(bias[std::size_t(o)]);
+          for (index_t k = 0; k < c.in; ++k) {
+            const double term = double(x[std::size_t(i * c.in + k)]) * double(w[std::size_t(o * c.in + k)]);
+            exact += term;
+            scale += std::fabs(term);
+          }
+          check_close(y[std::size_t(i * c.out + o)], exact, scale, c.in);
+        }
+      // The weight gradient, overwriting and then accumulating onto what is there.
+      std::vector<float> dw(std::size_t(c.out * c.in), std::numeric_limits<float>::quiet_NaN());
+      REQUIRE(cpu::sparse_input_kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), c.batch,
+                                                                             c.in, c.out, false));
+      std::vector<float> dw_sum = dw;
+      REQUIRE(cpu::sparse_input_kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw_sum.data(),
+                                                                             c.batch, c.in, c.out, true));
+      for (index_t o = 0; o < c.out; ++o)
+        for (index_t k = 0; k < c.in; ++k) {
+          double exact = 0, scale = 0;
+          for (index_t i = 0; i < c.batch; ++i) {
+            const double term = double(dy[std::size_t(i * c.out + o)]) * double(x[std::size_t(i * c.in + k)]);
+            exact += term;
+            scale += std::fabs(term);
+          }
+          const std::size_t at = std::size_t(o * c.in + k);
+          check_close(dw[at], exact, scale, c.batch);
+          CHECK(dw_sum[at] == dw[at] + dw[at]);
+        }
+    }
+  }
+}
+
+TEST_CASE("the sparse-input products' parts over output ranges are the whole call's elements") {
+  if (!avx512()) return;
+  const index_t batch = 29, in = 200, out = 160;
+  const auto x = mostly_background(batch, in, -0.5f, 0.15, 21);
+  const auto w = normal_values(std::size_t(out * in), 22, 0.1f);
+  const auto bias = normal_values(std::size_t(out), 23);
+  const auto dy = normal_values(std::size_t(batch * out), 24);
+  cpu::sparse_input by_row, by_column;
+  REQUIRE(by_row.scan(x.data(), batch, in, in, false));
+  REQUIRE(by_column.scan(x.data(), batch, in, in, true));
+  std::vector<float> y_whole(std::size_t(batch * out)), y_parts(y_whole.size());
+  std::vector<float> dw_whole(std::size_t(out * in)), dw_parts(dw_whole.size());
+  cpu::sparse_input_forward_part(by_row, w.data(), in, bias.data(), activation::relu, 0.0f, y_whole.data(), out, 0,
+                                 out);
+  cpu::sparse_input_weight_gradient_part(by_column, dy.data(), out, dw_whole.data(), in, false, 0, out);
+  for (const auto& [o0, o1] : {std::pair<index_t, index_t>{0, 16}, {16, 144}, {144, 160}}) {
+    cpu::sparse_input_forward_part(by_row, w.data(), in, bias.data(), activation::relu, 0.0f, y_parts.data(), out,
+                                   o0, o1);
+    cpu::sparse_input_weight_gradient_part(by_column, dy.data(), out, dw_parts.data(), in, false, o0, o1);
+  }
+  CHECK(bitwise_equal(y_parts, y_whole));
+  CHECK(bitwise_equal(dw_parts, dw_whole));
+  CHECK(*std::min_element(y_whole.begin(), y_whole.end()) == 0.0f);  // the ReLU ran
+}
+
+TEST_CASE("a NaN in a sparse input reaches the outputs and gradients it would reach in the product") {
+  if (!avx512()) return;
+  const index_t batch = 16, in = 128, out = 128;
+  auto x = mostly_background(batch, in, 0.0f, 0.1, 31);
+  x[std::size_t(3 * in + 10)] = std::numeric_limits<float>::quiet_NaN();
+  const auto w = normal_values(std::size_t(out * in), 32);
+  const auto dy = normal_values(std::size_t(batch * out), 33);
+  std::vector<float> y(std::size_t(batch * out)), dw(std::size_t(out * in));
+  REQUIRE(cpu::sparse_input_kernels::dense_forward_sparse_input(x.data(), w.data(), static_cast<const float*>(nullptr),
+                                                                 y.data(), batch, in, out, activation::identity, 0.0f));
+  REQUIRE(cpu::sparse_input_kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out,
+                                                                         false));
+  for (index_t i = 0; i < batch; ++i)
+    for (index_t o = 0; o < out; ++o) CHECK(std::isnan(y[std::size_t(i * out + o)]) == (i == 3));
+  for (index_t o = 0; o < out; ++o)
+    for (index_t k = 0; k < in; ++k) CHECK(std::isnan(dw[std::size_t(o * in + k)]) == (k == 10));
+}
+
+TEST_CASE("Dense takes the sparse-input products in both modes, and the GEMM's values within rounding without them") {
+  if (!avx512()) return;
+  thread_settings_guard guard;
+  set_num_threads(1);
+  const index_t batch = 32, in = 784, out = 64;
+  const auto x = mostly_background(batch, in, -0.4242f, 0.2, 41);
+  const auto w = normal_values(std::size_t(out * in), 42, 0.05f);
+  const auto bias = normal_values(std::size_t(out), 43, 0.1f);
+  const auto dy = normal_values(std::size_t(batch * out), 44);
+  const auto run = [&] {
+    std::vector<float> y(std::size_t(batch * out)), dw(std::size_t(out * in)), db(static_cast<std::size_t>(out));
+    dense_forward<policy::cpu>(x.data(), w.data(), bias.data(), y.data(), batch, in, out, activation::relu, 0.0f);
+    dense_backward<policy::cpu>(x.data(), w.data(), dy.data(), static_cast<float*>(nullptr), dw.data(), db.data(),
+                                batch, in, out, false);
+    y.insert(y.end(), dw.begin(), dw.end());
+    return y;
+  };
+  REQUIRE(cpu::sparse_input_products_enabled());
+  const auto sparse = run();
+  // The kernels' own results: Dense took them.
+  std::vector<float> y(std::size_t(batch * out)), dw(std::size_t(out * in));
+  REQUIRE(cpu::sparse_input_kernels::dense_forward_sparse_input(x.data(), w.data(), bias.data(), y.data(), batch, in,
+                                                                 out, activation::relu, 0.0f));
+  REQUIRE(cpu::sparse_input_kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out,
+                                                                         false));
+  y.insert(y.end(), dw.begin(), dw.end());
+  CHECK(bitwise_equal(sparse, y));
+  cpu::set_sparse_input_products(false);
+  const auto dense = run();
+  cpu::set_sparse_input_products(true);
+  CHECK_FALSE(bitwise_equal(sparse, dense));  // another order of the sums
+  double worst = 0;
+  for (std::size_t i = 0; i < dense.size(); ++i)
+    worst = std::max(worst, std::fabs(double(sparse[i]) - double(dense[i])) / (1.0 + std::fabs(double(dense[i]))));
+  CHECK(worst < 1e-5);
+
+}
+
+TEST_CASE("static and dynamic mode train alike, bit for bit, on an input that takes the sparse-input products") {
+  if (!avx512()) return;
+  thread_settings_guard guard;
+  const index_t batch = 32;
+  using Net = Sequential<policy::cpu, Input<784>, Dense<64, ReLU>, Dense<10>>;
+  Net net(batch, 21);
+  manual_seed(21);
+  nn::Sequential model(nn::Linear(784, 64), nn::ReLU(), nn::Linear(64, 10));
+  Tensor<float> x(shape{batch, 784});
+  const auto values = mostly_background(batch, 784, -0.4242f, 0.2, 61);
+  std::copy(values.begin(), values.end(), x.span().begin());
+  Tensor<std::int64_t> y(shape{batch});
+  for (index_t i = 0; i < batch; ++i) y[i] = std::int64_t(i % 10);
+  optim::Adam static_opt({.lr = 1e-2});
+  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-2});
+  nn::Variable input(x);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (int step = 0; step < 3; ++step) {
+      const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
+      dynamic_opt.zero_grad();
+      auto l = nn::cross_entropy(model(input), y);
+      l.backward();
+      dynamic_opt.step();
+      CHECK(s == l.item());
+    }
+  }
+}
+
+TEST_CASE("the sparse-input products decline what they cannot take") {
+  const auto x = mostly_background(64, 784, 0.0f, 0.1, 51);
+  const auto w = normal_values(std::size_t(10 * 784), 52);
+  std::vector<float> y(64 * 16);
+  // 10 outputs (not a multiple of 16), a tiny product, doubles; switched off.
+  CHECK_FALSE(cpu::sparse_input_kernels::dense_forward_sparse_input(x.data(), w.data(), static_cast<const float*>(nullptr),
+                                                                     y.data(), 64, 784, 10, activation::identity, 0.0f));
+  CHECK_FALSE(cpu::dense_sparse_input_applies<float>(1, 8, 16));
+  CHECK_FALSE(cpu::dense_sparse_input_applies<double>(64, 784, 128));
+  CHECK(cpu::dense_sparse_input_applies<float>(64, 784, 128) == avx512());
+  cpu::set_sparse_input_products(false);
+  CHECK_FALSE(cpu::dense_sparse_input_applies<float>(64, 784, 128));
+  cpu::set_sparse_input_products(true);
+  // A dense input: the scan declines it, and Dense runs the GEMM.
+  const auto dense = normal_values(64 * 784, 53);
+  const auto w16 = normal_values(std::size_t(16 * 784), 54);
+  CHECK_FALSE(cpu::sparse_input_kernels::dense_forward_sparse_input(dense.data(), w16.data(),
+                                                                     static_cast<const float*>(nullptr), y.data(), 64,
+                                                                     784, 16, activation::identity, 0.0f));
+}
