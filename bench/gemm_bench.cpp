@@ -6,6 +6,9 @@
 // dot products (twice the float FMAs' flop per instruction) on CPUs that have those but no tiles; "kiln_bf16x3" with
 // each operand split into two bfloat16 values (product_precision::bfloat16x3, policy::cpu_bf16x3): three products.
 //
+// Then the sparse-input products (dense_sparse_input.hpp) against the GEMM they replace, on a Dense layer's forward and
+// weight gradient with MNIST's shapes, at several fractions of the input off its background: where they pay.
+//
 //   gemm_bench [--threads N] [--quick]
 //
 // Each figure is the median of >= 5 repetitions; each repetition runs the product enough times to last >= 20 ms.
@@ -17,6 +20,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -25,6 +29,7 @@
 
 #include "kiln/core/memory.hpp"
 #include "kiln/core/threads.hpp"
+#include "kiln/kernels/cpu/dense_sparse_input.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 
 #if defined(KILN_HAVE_CBLAS)
@@ -285,6 +290,60 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
 
+  // The sparse-input products against the GEMM: an input of `density` elements off a background of -0.4242 (MNIST's
+  // blank pixel, normalised), the forward y = relu(x W^T + b) and the weight gradient dW = dy^T x, each timed as the
+  // layer calls it (the listing included).
+  struct sparse_row {
+    std::string shape;
+    double density;
+    int threads;
+    double forward_us, forward_dense_us, gradient_us, gradient_dense_us;
+  };
+  std::vector<sparse_row> sparse_rows;
+  std::printf("sparse-input products against the GEMM (us per call; the input's fraction off its background):\n");
+  std::printf("%-16s %8s %8s %12s %12s %8s %12s %12s %8s\n", "layer", "density", "threads", "forward", "gemm",
+              "ratio", "dW", "gemm", "ratio");
+  for (const auto& [batch, in, out] : {std::tuple<index_t, index_t, index_t>{64, 784, 128}, {256, 784, 1024}}) {
+    kiln::aligned_buffer<float> x(batch * in), w(out * in), bias(out), y(batch * out), dy(batch * out), dw(out * in);
+    fill(w.data(), std::size_t(w.size()), 5);
+    fill(bias.data(), std::size_t(bias.size()), 6);
+    fill(dy.data(), std::size_t(dy.size()), 7);
+    const std::string shape = std::to_string(batch) + "x" + std::to_string(in) + "->" + std::to_string(out);
+    for (double density : {0.05, 0.1, 0.19, 0.3}) {
+      fill(x.data(), std::size_t(x.size()), 8);
+      for (index_t i = 0; i < x.size(); ++i)  // fill's values lie in [-0.5, 0.5): keep those below the cut
+        if (i == 0 || x.data()[i] + 0.5f >= float(density)) x.data()[i] = -0.4242f;
+      for (int threads : thread_counts) {
+        kiln::set_num_threads(threads);
+        using kernels = kiln::kernels::cpu::sparse_input_kernels;
+        const kiln::kernels::cpu::epilogue<float> ep{bias.data(), kiln::activation::relu, 0.0f};
+        sparse_row row{shape, density, threads, 0, 0, 0, 0};
+        row.forward_us = 1e6 * time_per_call([&] {
+          if (!kernels::dense_forward_sparse_input(x.data(), w.data(), bias.data(), y.data(), batch, in, out,
+                                                   kiln::activation::relu, 0.0f))
+            std::abort();  // every input here qualifies
+        }, repetitions, min_seconds / 4);
+        row.forward_dense_us = 1e6 * time_per_call([&] {
+          kiln::kernels::cpu::gemm<float>(false, true, batch, out, in, 1.0f, x.data(), in, w.data(), in, 0.0f,
+                                          y.data(), out, ep);
+        }, repetitions, min_seconds / 4);
+        row.gradient_us = 1e6 * time_per_call([&] {
+          if (!kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out, false))
+            std::abort();
+        }, repetitions, min_seconds / 4);
+        row.gradient_dense_us = 1e6 * time_per_call([&] {
+          kiln::kernels::cpu::gemm<float>(true, false, out, in, batch, 1.0f, dy.data(), out, x.data(), in, 0.0f,
+                                          dw.data(), in);
+        }, repetitions, min_seconds / 4);
+        std::printf("%-16s %8.2f %8d %12.1f %12.1f %7.2fx %12.1f %12.1f %7.2fx\n", shape.c_str(), density, threads,
+                    row.forward_us, row.forward_dense_us, row.forward_dense_us / row.forward_us, row.gradient_us,
+                    row.gradient_dense_us, row.gradient_dense_us / row.gradient_us);
+        sparse_rows.push_back(row);
+      }
+    }
+  }
+  std::printf("(ratio: the GEMM's time over the sparse-input product's)\n\n");
+
   std::printf("RESULT bench=gemm metric=peak threads=1 gflops=%.2f\n", peak);
   std::printf("RESULT bench=gemm metric=peak threads=%d gflops=%.2f\n", thread_counts.back(), peak_all);
   for (const auto& r : results)
@@ -293,5 +352,10 @@ int main(int argc, char** argv) {
   for (const auto& [shape, ns] : small_ns)
     std::printf("RESULT bench=gemm shape=%s op=small_bias_relu system=kiln threads=%d ns_per_call=%.1f\n",
                 shape.c_str(), thread_counts.back(), ns);
+  for (const auto& r : sparse_rows)
+    std::printf("RESULT bench=gemm shape=%s op=sparse_input density=%.2f threads=%d forward_us=%.2f "
+                "forward_gemm_us=%.2f dw_us=%.2f dw_gemm_us=%.2f\n",
+                r.shape.c_str(), r.density, r.threads, r.forward_us, r.forward_dense_us, r.gradient_us,
+                r.gradient_dense_us);
   return 0;
 }

@@ -40,7 +40,7 @@
 namespace kiln::kernels::cpu {
 
 // Inputs with at most this fraction of elements off the background take the sparse products; denser ones the dense
-// GEMM, which is then faster (bench/gemm_bench --sparse-input measures the crossing).
+// GEMM, which is then faster (bench/gemm_bench times both at several densities).
 inline constexpr double sparse_input_max_density = 0.3;
 
 namespace sparse_input_detail {
