@@ -284,8 +284,9 @@ TEST_CASE("the sparse-input products decline what they cannot take") {
   const auto w = normal_values(std::size_t(10 * 784), 52);
   std::vector<float> y(64 * 16);
   // 10 outputs (not a multiple of 16), a tiny product, doubles; switched off.
-  CHECK_FALSE(cpu::sparse_input_kernels::dense_forward_sparse_input(x.data(), w.data(), static_cast<const float*>(nullptr),
-                                                                     y.data(), 64, 784, 10, activation::identity, 0.0f));
+  const float* no_bias = nullptr;
+  CHECK_FALSE(cpu::sparse_input_kernels::dense_forward_sparse_input(x.data(), w.data(), no_bias, y.data(), 64, 784, 10,
+                                                                     activation::identity, 0.0f));
   CHECK_FALSE(cpu::dense_sparse_input_applies<float>(1, 8, 16));
   CHECK_FALSE(cpu::dense_sparse_input_applies<double>(64, 784, 128));
   CHECK(cpu::dense_sparse_input_applies<float>(64, 784, 128) == avx512());
