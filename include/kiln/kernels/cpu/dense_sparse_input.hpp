@@ -16,9 +16,10 @@
 // kernels multiply in single precision whatever the policy's precision, as the sparse convolution gradients do.
 //
 // Why the layouts: the forward keeps a row's outputs (up to 128 of them) in registers and adds, for each listed
-// element, that element times a row of W^T, so W is transposed once per call into scratch; the weight gradient keeps
-// a column of dW^T in registers and adds each listed element times a row of dy, then transposes dW^T into dW. Both
-// transposes run 16 x 16 in registers and cost about a tenth of the products they replace on MNIST's 784 x 128.
+// element, that element times a row of W^T, so W is transposed once per call into scratch; the weight gradient keeps a
+// column of dW^T in registers and adds each listed element times a row of dy, then transposes dW^T into dW. Both
+// transposes run 16 x 16 in registers (gemm_pack.hpp's transpose_16x16, which the AMX path packs with) and cost about a
+// tenth of the products they replace on MNIST's 784 x 128.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
+#include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/gemm_scratch.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/thread_balance.hpp"
@@ -55,50 +57,22 @@ inline std::atomic<bool>& sparse_allowed() {
 inline constexpr int max_vectors = 8;
 
 #if defined(__AVX512F__)
-// dst[c * ld_dst + r] = src[r * ld_src + c] (+ dst's value where add) for r < rows, c < cols, both at most 16: a
-// 16 x 16 transpose in registers (pairs of floats, then of doubles within 128-bit lanes, then the lanes themselves).
-// (The maskz forms throughout: GCC 12 warns that the plain ones' undefined pass-through register may be used
-// uninitialised.)
+// dst[c * ld_dst + r] = src[r * ld_src + c] (+ dst's value where add) for r < rows, c < cols, both at most 16:
+// gemm_detail::transpose_16x16 between masked loads and stores.
 KILN_ALWAYS_INLINE void transpose_tile(const float* src, index_t ld_src, int rows, int cols, float* dst,
                                        index_t ld_dst, bool add) {
   const __mmask16 col_mask = __mmask16((1u << cols) - 1u), row_mask = __mmask16((1u << rows) - 1u);
-  constexpr __mmask16 all = 0xffff;
-  constexpr __mmask8 all_pairs = 0xff;
-  __m512 r[16], t[16];
+  __m512i r[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i)
-    r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * ld_src) : _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; ++k) {
-    t[2 * k] = _mm512_maskz_unpacklo_ps(all, r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm512_maskz_unpackhi_ps(all, r[2 * k], r[2 * k + 1]);
-  }
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) {
-    const __m512d t0 = _mm512_castps_pd(t[4 * k]), t1 = _mm512_castps_pd(t[4 * k + 1]);
-    const __m512d t2 = _mm512_castps_pd(t[4 * k + 2]), t3 = _mm512_castps_pd(t[4 * k + 3]);
-    r[4 * k] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(all_pairs, t0, t2));
-    r[4 * k + 1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(all_pairs, t0, t2));
-    r[4 * k + 2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(all_pairs, t1, t3));
-    r[4 * k + 3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(all_pairs, t1, t3));
-  }
-  // r[4 k + m], 128-bit lane l, now holds column 4 l + m of rows 4 k .. 4 k + 3.
-#pragma GCC unroll 4
-  for (int m = 0; m < 4; ++m) {
-    const __m512 u0 = _mm512_maskz_shuffle_f32x4(all, r[m], r[4 + m], 0x88);
-    const __m512 u1 = _mm512_maskz_shuffle_f32x4(all, r[m], r[4 + m], 0xdd);
-    const __m512 v0 = _mm512_maskz_shuffle_f32x4(all, r[8 + m], r[12 + m], 0x88);
-    const __m512 v1 = _mm512_maskz_shuffle_f32x4(all, r[8 + m], r[12 + m], 0xdd);
-    t[m] = _mm512_maskz_shuffle_f32x4(all, u0, v0, 0x88);
-    t[4 + m] = _mm512_maskz_shuffle_f32x4(all, u1, v1, 0x88);
-    t[8 + m] = _mm512_maskz_shuffle_f32x4(all, u0, v0, 0xdd);
-    t[12 + m] = _mm512_maskz_shuffle_f32x4(all, u1, v1, 0xdd);
-  }
+    r[i] = i < rows ? _mm512_castps_si512(_mm512_maskz_loadu_ps(col_mask, src + i * ld_src)) : _mm512_setzero_si512();
+  gemm_detail::transpose_16x16(r);
 #pragma GCC unroll 16
   for (int c = 0; c < 16; ++c) {
     if (c >= cols) break;
     float* out = dst + c * ld_dst;
-    const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(row_mask, out), t[c]) : t[c];
+    const __m512 t = _mm512_castsi512_ps(r[c]);
+    const __m512 v = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(row_mask, out), t) : t;
     _mm512_mask_storeu_ps(out, row_mask, v);
   }
 }
@@ -214,44 +188,53 @@ inline bool sparse_input::scan(const float* x, index_t rows_, index_t cols_, ind
 namespace sparse_input_detail {
 
 #if defined(__AVX512F__)
-// One row of the forward, Vectors vectors of outputs: the background's share c * sums, then each listed element of
-// the row times its row of w_t (cols x width, from the pass's first column), stored through the GEMM's epilogue.
+// The chain both products run over one line's listed elements, Vectors vectors wide: acc = c * sums (the
+// background's share), then acc += value[t] * the row index[t] of `rows` (leading dimension ld) for each listed
+// element in order. The forward's rows are W^T's, the weight gradient's dy's.
 template <int Vectors>
-KILN_NOINLINE void forward_row(float c, const float* KILN_RESTRICT sums, const float* KILN_RESTRICT w_t,
-                               index_t width, const std::int32_t* KILN_RESTRICT columns,
-                               const float* KILN_RESTRICT values, index_t count, float* y,
-                               const gemm_detail::tile_epilogue<float>& tile) {
-  __m512 acc[1][Vectors];
+KILN_ALWAYS_INLINE void listed_chain(__m512 (&acc)[Vectors], float c, const float* KILN_RESTRICT sums,
+                                     const float* KILN_RESTRICT rows, index_t ld,
+                                     const std::int32_t* KILN_RESTRICT index, const float* KILN_RESTRICT values,
+                                     index_t count) {
   const __m512 background = _mm512_set1_ps(c);
 #pragma GCC unroll 8
-  for (int v = 0; v < Vectors; ++v) acc[0][v] = _mm512_mul_ps(background, _mm512_load_ps(sums + 16 * v));
+  for (int v = 0; v < Vectors; ++v) acc[v] = _mm512_mul_ps(background, _mm512_loadu_ps(sums + 16 * v));
   for (index_t t = 0; t < count; ++t) {
     const __m512 value = _mm512_set1_ps(values[t]);
-    const float* w_row = w_t + index_t(columns[t]) * width;
+    const float* row = rows + index_t(index[t]) * ld;
 #pragma GCC unroll 8
-    for (int v = 0; v < Vectors; ++v) acc[0][v] = _mm512_fmadd_ps(value, _mm512_load_ps(w_row + 16 * v), acc[0][v]);
+    for (int v = 0; v < Vectors; ++v) acc[v] = _mm512_fmadd_ps(value, _mm512_loadu_ps(row + 16 * v), acc[v]);
   }
+}
+
+// One row of the forward: its chain over W^T's rows (w_t, cols x width), stored through the GEMM's epilogue.
+template <int Vectors>
+KILN_NOINLINE void forward_row(float c, const float* sums, const float* w_t, index_t width,
+                               const std::int32_t* columns, const float* values, index_t count, float* y,
+                               const gemm_detail::tile_epilogue<float>& tile) {
+  __m512 acc[1][Vectors];
+  listed_chain<Vectors>(acc[0], c, sums, w_t, width, columns, values, count);
   gemm_detail::store_tile<float, 1, Vectors>(acc, y, 0, 16 * Vectors, tile);
 }
 
-// One column of the transposed weight gradient, Vectors vectors of output units: c * dy's column sums, then each
-// listed element of the input's column times its row of dy; stored to g_t.
+// One column of the transposed weight gradient: its chain over dy's rows, stored to g_t.
 template <int Vectors>
-KILN_NOINLINE void gradient_column(float c, const float* KILN_RESTRICT sums, const float* KILN_RESTRICT dy,
-                                   index_t ldy, const std::int32_t* KILN_RESTRICT rows,
-                                   const float* KILN_RESTRICT values, index_t count, float* KILN_RESTRICT g_t) {
+KILN_NOINLINE void gradient_column(float c, const float* sums, const float* dy, index_t ldy,
+                                   const std::int32_t* rows, const float* values, index_t count, float* g_t) {
   __m512 acc[Vectors];
-  const __m512 background = _mm512_set1_ps(c);
+  listed_chain<Vectors>(acc, c, sums, dy, ldy, rows, values, count);
 #pragma GCC unroll 8
-  for (int v = 0; v < Vectors; ++v) acc[v] = _mm512_mul_ps(background, _mm512_load_ps(sums + 16 * v));
-  for (index_t t = 0; t < count; ++t) {
-    const __m512 value = _mm512_set1_ps(values[t]);
-    const float* dy_row = dy + index_t(rows[t]) * ldy;
-#pragma GCC unroll 8
-    for (int v = 0; v < Vectors; ++v) acc[v] = _mm512_fmadd_ps(value, _mm512_loadu_ps(dy_row + 16 * v), acc[v]);
+  for (int v = 0; v < Vectors; ++v) _mm512_storeu_ps(g_t + 16 * v, acc[v]);
+}
+
+// sums[o] = the sum of column o of m (count rows, leading dimension ld, width columns: a multiple of 16), added in
+// row order: W's row sums from W^T in the forward, dy's column sums in the weight gradient.
+inline void column_sums(const float* m, index_t ld, index_t count, index_t width, float* sums) {
+  for (index_t o = 0; o < width; o += 16) {
+    __m512 sum = _mm512_setzero_ps();
+    for (index_t i = 0; i < count; ++i) sum = _mm512_add_ps(sum, _mm512_loadu_ps(m + i * ld + o));
+    _mm512_storeu_ps(sums + o, sum);
   }
-#pragma GCC unroll 8
-  for (int v = 0; v < Vectors; ++v) _mm512_store_ps(g_t + 16 * v, acc[v]);
 }
 
 // Calls f.template operator()<V>() for V = vectors, 1 <= vectors <= max_vectors.
@@ -285,11 +268,7 @@ inline void sparse_input_forward_part(const sparse_input& s, const float* w, ind
       transposed_scratch().reserve(static_cast<std::size_t>((in + 1) * width) * sizeof(float)));
   float* const sums = w_t + in * width;
   transpose(w + o0 * ldw, ldw, width, in, w_t, width, false);
-  for (index_t o = 0; o < width; o += 16) {
-    __m512 sum = _mm512_setzero_ps();
-    for (index_t j = 0; j < in; ++j) sum = _mm512_add_ps(sum, _mm512_load_ps(w_t + j * width + o));
-    _mm512_store_ps(sums + o, sum);
-  }
+  column_sums(w_t, width, in, width, sums);
   const index_t* starts = s.start;
   for (index_t o = 0; o < width; o += 16 * max_vectors) {
     const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
@@ -317,12 +296,7 @@ inline void sparse_input_weight_gradient_part(const sparse_input& s, const float
   float* const g_t = static_cast<float*>(
       transposed_scratch().reserve(static_cast<std::size_t>((in + 1) * width) * sizeof(float)));
   float* const sums = g_t + in * width;
-  // dy's column sums over the rows, in row order.
-  for (index_t o = 0; o < width; o += 16) {
-    __m512 sum = _mm512_setzero_ps();
-    for (index_t i = 0; i < s.rows; ++i) sum = _mm512_add_ps(sum, _mm512_loadu_ps(dy + i * ldy + o0 + o));
-    _mm512_store_ps(sums + o, sum);
-  }
+  column_sums(dy + o0, ldy, s.rows, width, sums);
   const index_t* starts = s.start;
   for (index_t o = 0; o < width; o += 16 * max_vectors) {
     const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));

@@ -43,6 +43,7 @@
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/cpu/gemm_bf16_dot.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
+#include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/gemm_scratch.hpp"
 #include "kiln/kernels/cpu/product_precision.hpp"
 #include "kiln/kernels/cpu/thread_balance.hpp"
@@ -218,35 +219,8 @@ KILN_ALWAYS_INLINE __m512i consecutive_words(__m512i first, __m512i second) {
 #endif
 }
 
-// Transposes a 16 x 16 matrix of 32-bit words held one row per register, in place.
-// (Masked forms throughout: GCC 12 warns that the plain ones' undefined pass-through registers may be used
-// uninitialised.)
-KILN_ALWAYS_INLINE void transpose_16x16(__m512i (&r)[16]) {
-  constexpr __mmask16 all16 = 0xFFFF;
-  constexpr __mmask8 all8 = 0xFF;
-  __m512i a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_maskz_unpacklo_epi32(all16, r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_maskz_unpackhi_epi32(all16, r[2 * i], r[2 * i + 1]);
-  }
-  // Within each 128-bit lane L, b[4g + c] now holds column 4L + c of rows 4g .. 4g + 3.
-  for (int g = 0; g < 4; ++g) {
-    b[4 * g + 0] = _mm512_maskz_unpacklo_epi64(all8, a[4 * g], a[4 * g + 2]);
-    b[4 * g + 1] = _mm512_maskz_unpackhi_epi64(all8, a[4 * g], a[4 * g + 2]);
-    b[4 * g + 2] = _mm512_maskz_unpacklo_epi64(all8, a[4 * g + 1], a[4 * g + 3]);
-    b[4 * g + 3] = _mm512_maskz_unpackhi_epi64(all8, a[4 * g + 1], a[4 * g + 3]);
-  }
-  // Row 4L + c of the transpose is lane L of b[c], b[4 + c], b[8 + c], b[12 + c]: a 4 x 4 transpose of lanes.
-  for (int c = 0; c < 4; ++c) {
-    const __m512i s0 = _mm512_maskz_shuffle_i32x4(all16, b[c], b[4 + c], 0x44), s1 = _mm512_maskz_shuffle_i32x4(all16, b[c], b[4 + c], 0xEE);
-    const __m512i s2 = _mm512_maskz_shuffle_i32x4(all16, b[8 + c], b[12 + c], 0x44);
-    const __m512i s3 = _mm512_maskz_shuffle_i32x4(all16, b[8 + c], b[12 + c], 0xEE);
-    r[c] = _mm512_maskz_shuffle_i32x4(all16, s0, s2, 0x88);
-    r[4 + c] = _mm512_maskz_shuffle_i32x4(all16, s0, s2, 0xDD);
-    r[8 + c] = _mm512_maskz_shuffle_i32x4(all16, s1, s3, 0x88);
-    r[12 + c] = _mm512_maskz_shuffle_i32x4(all16, s1, s3, 0xDD);
-  }
-}
+// transpose_16x16 (gemm_pack.hpp): a 16 x 16 matrix of 32-bit words, one row per register, transposed in place.
+using gemm_detail::transpose_16x16;
 
 KILN_ALWAYS_INLINE __mmask16 first_lanes(index_t n) {
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u);
