@@ -19,6 +19,7 @@
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kiln.hpp"
+#include "same_training.hpp"
 #include "thread_settings.hpp"
 
 namespace kiln::precision_test {
@@ -222,24 +223,6 @@ inline std::pair<Tensor<float>, Tensor<std::int64_t>> mnist_like_batch(std::uint
   for (auto& v : x.span()) v = rng.uniform<float>(0.0f, 1.0f);
   for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(10));
   return {std::move(x), std::move(y)};
-}
-
-// `steps` Adam steps of the static `net` and of the dynamic `model` (the same weights) on one batch: equal losses.
-template <class Net>
-void check_same_losses(Net& net, nn::Sequential& model, const std::pair<Tensor<float>, Tensor<std::int64_t>>& batch,
-                       int steps) {
-  const auto& [x, y] = batch;
-  optim::Adam static_opt({.lr = 1e-3});
-  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-3});
-  nn::Variable input(x);
-  for (int step = 0; step < steps; ++step) {
-    const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
-    dynamic_opt.zero_grad();
-    auto l = nn::cross_entropy(model(input), y);
-    l.backward();
-    dynamic_opt.step();
-    CHECK(s == l.item());
-  }
 }
 
 // Policy (a fixed-precision CPU policy, which is also this program's dynamic policy) trains a static MLP as dynamic

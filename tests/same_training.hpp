@@ -1,12 +1,14 @@
 // Trains two static models side by side on one batch and requires the same bits from both: the check behind every
 // static option that must not change results (fused epilogues, flat parameters), each fusion of one layer's work into
-// another's included.
+// another's included. And a static model beside its dynamic twin: the same losses.
 #pragma once
 
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <utility>
 
+#include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
 
 // Trains `a` and `b` (the same model type and seed, built with different static options) for `steps` steps on one
@@ -33,4 +35,23 @@ void require_same_training(Net& a, Optimizer& optimizer_a, Net& b, Optimizer& op
   const auto params_a = a.parameter_values(), params_b = b.parameter_values();
   REQUIRE(params_a.size() == params_b.size());
   for (std::size_t i = 0; i < params_a.size(); ++i) REQUIRE(params_a[i] == params_b[i]);
+}
+
+// `steps` Adam steps of the static `net` and of the dynamic `model` (the same weights) on one batch: equal losses.
+template <class Net>
+void check_same_losses(Net& net, kiln::nn::Sequential& model,
+                       const std::pair<kiln::Tensor<float>, kiln::Tensor<std::int64_t>>& batch, int steps) {
+  using namespace kiln;
+  const auto& [x, y] = batch;
+  optim::Adam static_opt({.lr = 1e-3});
+  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-3});
+  nn::Variable input(x);
+  for (int step = 0; step < steps; ++step) {
+    const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
+    dynamic_opt.zero_grad();
+    auto l = nn::cross_entropy(model(input), y);
+    l.backward();
+    dynamic_opt.step();
+    CHECK(s == l.item());
+  }
 }

@@ -12,6 +12,7 @@
 
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
+#include "same_training.hpp"
 #include "thread_settings.hpp"
 
 using namespace kiln;
@@ -263,19 +264,9 @@ TEST_CASE("static and dynamic mode train alike, bit for bit, on an input that ta
   std::copy(values.begin(), values.end(), x.span().begin());
   Tensor<std::int64_t> y(shape{batch});
   for (index_t i = 0; i < batch; ++i) y[i] = std::int64_t(i % 10);
-  optim::Adam static_opt({.lr = 1e-2});
-  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-2});
-  nn::Variable input(x);
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    for (int step = 0; step < 3; ++step) {
-      const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
-      dynamic_opt.zero_grad();
-      auto l = nn::cross_entropy(model(input), y);
-      l.backward();
-      dynamic_opt.step();
-      CHECK(s == l.item());
-    }
+    check_same_losses(net, model, {x, y}, 3);
   }
 }
 
