@@ -56,43 +56,50 @@ bool avx512() {
 
 }  // namespace
 
-TEST_CASE("sparse_input lists the elements off the background by row and by column, and declines dense inputs") {
+TEST_CASE("sparse_input lists the rows off the background by groups of columns, and declines dense inputs") {
   if (!avx512()) return;  // the kernels are AVX-512 only; the layers then run the GEMM
-  // 3 x 20: a background of 2 with five other elements, one a NaN, across a vector boundary.
-  std::vector<float> x(60, 2.0f);
-  x[1 * 20 + 3] = 5.0f;
-  x[1 * 20 + 17] = -1.0f;
-  x[2 * 20 + 0] = std::numeric_limits<float>::quiet_NaN();
-  x[2 * 20 + 3] = 2.5f;
-  x[0 * 20 + 19] = 0.0f;
+  // 3 x 22 (groups of 4 columns, the last one padded by two): a background of 2 with five other elements, one a NaN.
+  std::vector<float> x(66, 2.0f);
+  x[1 * 22 + 3] = 5.0f;
+  x[1 * 22 + 17] = -1.0f;
+  x[2 * 22 + 0] = std::numeric_limits<float>::quiet_NaN();
+  x[2 * 22 + 3] = 2.5f;
+  x[0 * 22 + 21] = 0.0f;
   cpu::sparse_input s;
-  REQUIRE(s.scan(x.data(), 3, 20, 20, false, 0.5));
+  REQUIRE(cpu::sparse_input::group == 4);
+  REQUIRE(s.scan(x.data(), 3, 22, 22, 0.5));
   CHECK(s.background == 2.0f);
-  CHECK(s.entries == 5);
-  CHECK(std::vector<index_t>(s.start, s.start + 4) == std::vector<index_t>{0, 1, 3, 5});
-  CHECK(std::vector<std::int32_t>(s.index, s.index + 5) == std::vector<std::int32_t>{19, 3, 17, 0, 3});
-  CHECK(s.value[0] == -2.0f);
-  CHECK(s.value[1] == 3.0f);
-  CHECK(s.value[2] == -3.0f);
-  CHECK(std::isnan(s.value[3]));
-  CHECK(s.value[4] == 0.5f);
-  REQUIRE(s.scan(x.data(), 3, 20, 20, true, 0.5));
-  CHECK(s.entries == 5);
-  CHECK(s.start[0] == 0);
-  CHECK(s.start[1] - s.start[0] == 1);  // column 0: row 2's NaN
-  CHECK(s.index[s.start[0]] == 2);
-  CHECK(s.start[4] - s.start[3] == 2);  // column 3: rows 1 and 2, ascending
-  CHECK(s.index[s.start[3]] == 1);
-  CHECK(s.index[s.start[3] + 1] == 2);
-  CHECK(s.value[s.start[3] + 1] == 0.5f);
-  CHECK(s.start[20] == 5);
-  // Five of 60 elements: more than a density of 0.05 allows; a background that is not finite.
-  CHECK_FALSE(s.scan(x.data(), 3, 20, 20, false, 0.05));
-  CHECK_FALSE(s.scan(x.data(), 3, 20, 20, true, 0.05));
+  CHECK(s.groups == 6);
+  CHECK(s.entries == 4);
+  CHECK(std::vector<index_t>(s.start, s.start + 7) == std::vector<index_t>{0, 2, 2, 2, 2, 3, 4});
+  CHECK(std::vector<std::int32_t>(s.row, s.row + 4) == std::vector<std::int32_t>{1, 2, 1, 0});
+  // Each listed row carries its group's four differences, 0 at the background and past the last column.
+  const auto values = [&](index_t t) {
+    return std::vector<float>{s.value[0][t], s.value[1][t], s.value[2][t], s.value[3][t]};
+  };
+  CHECK(values(0) == std::vector<float>{0.0f, 0.0f, 0.0f, 3.0f});
+  CHECK(std::isnan(values(1)[0]));
+  CHECK(values(1)[3] == 0.5f);
+  CHECK(values(1)[1] == 0.0f);
+  CHECK(values(2) == std::vector<float>{0.0f, -3.0f, 0.0f, 0.0f});
+  CHECK(values(3) == std::vector<float>{0.0f, -2.0f, 0.0f, 0.0f});
+  // The same input over 40 rows (the listing runs down the rows 16 at a time): rows ascending across vectors.
+  std::vector<float> tall(40 * 22, 2.0f);
+  tall[0 * 22 + 21] = 0.0f;
+  tall[15 * 22 + 5] = 1.0f;
+  tall[16 * 22 + 6] = 1.0f;
+  tall[39 * 22 + 4] = 1.0f;
+  REQUIRE(s.scan(tall.data(), 40, 22, 22, 0.5));
+  CHECK(std::vector<index_t>(s.start, s.start + 7) == std::vector<index_t>{0, 0, 3, 3, 3, 3, 4});
+  CHECK(std::vector<std::int32_t>(s.row, s.row + 4) == std::vector<std::int32_t>{15, 16, 39, 0});
+  // Four rows listed, 16 multiply-adds per output against the dense product's 66: more than a fraction of 0.2
+  // allows; a background that is not finite.
+  CHECK_FALSE(s.scan(x.data(), 3, 22, 22, 0.2));
+  CHECK(s.scan(x.data(), 3, 22, 22, 0.25));
   x[0] = std::numeric_limits<float>::infinity();
-  CHECK_FALSE(s.scan(x.data(), 3, 20, 20, false, 0.5));
+  CHECK_FALSE(s.scan(x.data(), 3, 22, 22, 0.5));
   const auto dense = normal_values(64 * 100, 5);
-  CHECK_FALSE(s.scan(dense.data(), 64, 100, 100, false));
+  CHECK_FALSE(s.scan(dense.data(), 64, 100, 100));
 }
 
 TEST_CASE("the sparse-input forward and weight gradient are the products within float rounding") {
@@ -159,18 +166,17 @@ TEST_CASE("the sparse-input products' parts over output ranges are the whole cal
   const auto w = normal_values(std::size_t(out * in), 22, 0.1f);
   const auto bias = normal_values(std::size_t(out), 23);
   const auto dy = normal_values(std::size_t(batch * out), 24);
-  cpu::sparse_input by_row, by_column;
-  REQUIRE(by_row.scan(x.data(), batch, in, in, false));
-  REQUIRE(by_column.scan(x.data(), batch, in, in, true));
+  cpu::sparse_input listed;
+  REQUIRE(listed.scan(x.data(), batch, in, in));
   std::vector<float> y_whole(std::size_t(batch * out)), y_parts(y_whole.size());
   std::vector<float> dw_whole(std::size_t(out * in)), dw_parts(dw_whole.size());
-  cpu::sparse_input_forward_part(by_row, w.data(), in, bias.data(), activation::relu, 0.0f, y_whole.data(), out, 0,
+  cpu::sparse_input_forward_part(listed, w.data(), in, bias.data(), activation::relu, 0.0f, y_whole.data(), out, 0,
                                  out);
-  cpu::sparse_input_weight_gradient_part(by_column, dy.data(), out, dw_whole.data(), in, false, 0, out);
+  cpu::sparse_input_weight_gradient_part(listed, dy.data(), out, dw_whole.data(), in, false, 0, out);
   for (const auto& [o0, o1] : {std::pair<index_t, index_t>{0, 16}, {16, 144}, {144, 160}}) {
-    cpu::sparse_input_forward_part(by_row, w.data(), in, bias.data(), activation::relu, 0.0f, y_parts.data(), out,
+    cpu::sparse_input_forward_part(listed, w.data(), in, bias.data(), activation::relu, 0.0f, y_parts.data(), out,
                                    o0, o1);
-    cpu::sparse_input_weight_gradient_part(by_column, dy.data(), out, dw_parts.data(), in, false, o0, o1);
+    cpu::sparse_input_weight_gradient_part(listed, dy.data(), out, dw_parts.data(), in, false, o0, o1);
   }
   CHECK(bitwise_equal(y_parts, y_whole));
   CHECK(bitwise_equal(dw_parts, dw_whole));
@@ -290,4 +296,61 @@ TEST_CASE("the sparse-input products decline what they cannot take") {
   CHECK_FALSE(cpu::sparse_input_kernels::dense_forward_sparse_input(dense.data(), w16.data(),
                                                                      static_cast<const float*>(nullptr), y.data(), 64,
                                                                      784, 16, activation::identity, 0.0f));
+}
+
+TEST_CASE("a weight gradient reuses its forward's listing only where the input is vouched unchanged") {
+  if (!avx512()) return;
+  thread_settings_guard guard;
+  using kernels = cpu::sparse_input_kernels;
+  const index_t batch = 64, in = 200, out = 128;
+  const auto first = mostly_background(batch, in, -0.5f, 0.15, 61);
+  const auto second = mostly_background(batch, in, -0.5f, 0.15, 62);
+  const auto w = normal_values(std::size_t(out * in), 63, 0.1f);
+  const auto dy = normal_values(std::size_t(batch * out), 64);
+  std::vector<float> y(std::size_t(batch * out));
+  const auto gradient = [&](bool input_as_in_forward, const std::vector<float>& x) {
+    std::vector<float> dw(std::size_t(out * in));
+    REQUIRE(kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out, false,
+                                                        input_as_in_forward));
+    return dw;
+  };
+  std::vector<float> buffer = first;
+  const auto of_first = gradient(false, buffer);
+  buffer = second;
+  const auto of_second = gradient(false, buffer);
+  REQUIRE_FALSE(bitwise_equal(of_first, of_second));
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    // The forward lists the first input; the buffer is then overwritten in place. Vouched for, the backward takes the
+    // forward's listing (so the first input's gradient: the reuse is real); not vouched for, it lists the buffer anew.
+    buffer = first;
+    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
+                                                batch, in, out, activation::identity, 0.0f));
+    buffer = second;
+    CHECK(bitwise_equal(gradient(true, buffer), of_first));
+    CHECK(bitwise_equal(gradient(false, buffer), of_second));
+    // A forward on two threads, then one on one thread on new contents at the same address: the second thread's
+    // listing is the older call's, and the backward on two threads must not take it.
+    set_num_threads(2);
+    buffer = first;
+    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
+                                                batch, in, out, activation::identity, 0.0f));
+    set_num_threads(1);
+    buffer = second;
+    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
+                                                batch, in, out, activation::identity, 0.0f));
+    set_num_threads(2);
+    CHECK(bitwise_equal(gradient(true, buffer), of_second));
+    // Another forward in between (another input) leaves the first one's backward to list its input anew.
+    set_num_threads(threads);
+    buffer = first;
+    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
+                                                batch, in, out, activation::identity, 0.0f));
+    std::vector<float> other = second;
+    REQUIRE(kernels::dense_forward_sparse_input(other.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
+                                                batch, in, out, activation::identity, 0.0f));
+    buffer = second;
+    CHECK(bitwise_equal(gradient(true, buffer), of_second));
+  }
 }

@@ -27,10 +27,10 @@ bool forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, inde
 }
 template <class Policy, class T>
 bool weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in, index_t out,
-                                  bool accumulate) {
+                                  bool accumulate, bool input_as_in_forward) {
   if constexpr (requires { requires Policy::sparse_input_products; })
-    return Policy::dense_weight_gradient_sparse_input(x, dy, dweight, batch, in, out, accumulate);
-  (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate;
+    return Policy::dense_weight_gradient_sparse_input(x, dy, dweight, batch, in, out, accumulate, input_as_in_forward);
+  (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate, (void)input_as_in_forward;
   return false;
 }
 }  // namespace dense_detail
@@ -54,11 +54,14 @@ void dense_forward(const T* x, const T* weight, const T* bias, T* y, index_t bat
 // Given dL/dy (of the pre-activation: apply activation_backward first when an activation was fused), computes
 // dx = dy W (skipped when dx is null: the first layer needs none), dW = dy^T x and db = column sums of dy.
 // accumulate adds into dW and db (dynamic mode's .grad semantics) instead of overwriting them (static mode).
+// input_as_in_forward: the caller vouches that x has not changed since this layer's forward, so that what the forward
+// derived from it (the sparse-input listing) may serve again.
 template <class Policy, class T>
 void dense_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, index_t batch, index_t in,
-                    index_t out, bool accumulate) {
+                    index_t out, bool accumulate, bool input_as_in_forward = false) {
   T beta = accumulate ? T(1) : T(0);
-  if (!dense_detail::weight_gradient_sparse_input<Policy>(x, dy, dweight, batch, in, out, accumulate))
+  if (!dense_detail::weight_gradient_sparse_input<Policy>(x, dy, dweight, batch, in, out, accumulate,
+                                                          input_as_in_forward))
     Policy::gemm(true, false, out, in, batch, T(1), dy, out, x, in, beta, dweight, in);
   if (dbias) Policy::sum_rows(dy, dbias, batch, out, accumulate);
   if (dx) Policy::gemm(false, false, batch, in, out, T(1), dy, out, weight, in, T(0), dx, in);
@@ -118,7 +121,7 @@ struct Dense {
         Policy::activation_backward(Act::kind, scratch_per_sample ? scratch : nullptr, y, dy, dy, ctx.batch * Out,
                                     T(Act::slope));
       dense_backward<Policy>(x, params, dy, dx, dparams, Bias ? dparams + weight_size : nullptr, ctx.batch, in, Out,
-                             false);
+                             false, ctx.input_as_in_forward);
     }
     static std::vector<static_parameter_info> parameter_tensors() {
       std::vector<static_parameter_info> tensors{{"weight", shape{Out, in}, 0}};

@@ -11,6 +11,9 @@ struct layer_context {
   index_t batch = 0;
   bool training = true;
   random_generator* rng = nullptr;  // the layer's own generator, for layers that draw at run time (dropout)
+  // In a backward: each layer's input is unchanged since its forward (static mode's Sequential, which owns the
+  // buffers and runs the backward right after the forward), so what a forward derived from its input may serve again.
+  bool input_as_in_forward = false;
 };
 
 // The interface of a static layer type L, bound to its input shape as L::bind<In> (see layers/dense.hpp):

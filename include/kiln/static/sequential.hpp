@@ -818,7 +818,10 @@ class Sequential {
     output_ = in;
   }
 
-  void run_backward(const layer_context& ctx) {
+  // Runs right after run_forward, within one call: each layer's input is as the forward saw it.
+  void run_backward(const layer_context& forward_ctx) {
+    layer_context ctx = forward_ctx;
+    ctx.input_as_in_forward = true;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (backward_layer<layer_count - 1 - I>(ctx), ...);
     }(std::make_index_sequence<layer_count>{});

@@ -262,13 +262,12 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // own rows are in its core's cache, and the two threads do not wait on the same lines from the other core at once
   // (bench/RESULTS.md: 3-5 us off this product on two threads).
   // An input mostly of one value (MNIST's blank pixels) takes the sparse-input products, as Dense's forward and
-  // backward take them (dense_sparse_input.hpp): each thread lists the batch for itself, by row for the forward and
-  // by column for W1's gradient (the same answer either way, on every thread).
-  sparse_input& by_row = sparse_input_kernels::thread_input(false);
-  sparse_input& by_column = sparse_input_kernels::thread_input(true);
-  const bool sparse = dense_sparse_input_applies<float>(batch, in, hidden) && by_row.scan(a.x, batch, in, in, false);
+  // backward take them (dense_sparse_input.hpp): each thread lists the batch for itself, once for the forward and
+  // W1's gradient both (the same answer on every thread).
+  sparse_input& listed = sparse_input_kernels::thread_input();
+  const bool sparse = dense_sparse_input_applies<float>(batch, in, hidden) && listed.scan(a.x, batch, in, in);
   if (sparse)
-    sparse_input_forward_part(by_row, a.w1.value, in, a.b1.value, activation::relu, 0.0f, h, hidden, u0, u1);
+    sparse_input_forward_part(listed, a.w1.value, in, a.b1.value, activation::relu, 0.0f, h, hidden, u0, u1);
   else
     product_part(false, true, batch, hidden, in, a.x, in, a.w1.value, in, h, hidden, 0, batch, u0, u1,
                  {a.b1.value, activation::relu, 0.0f}, a.precision, double(id) / double(team));
@@ -316,8 +315,8 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   }
   for (index_t o = 0; o < out; ++o) adam_range(a.w2, o * hidden + u0, o * hidden + u1, a.adam);
   part_done(fused_mlp_parts::head_backward);
-  if (sparse && by_column.scan(a.x, batch, in, in, true))
-    sparse_input_weight_gradient_part(by_column, dh, hidden, a.w1.grad, in, false, u0, u1);
+  if (sparse)
+    sparse_input_weight_gradient_part(listed, dh, hidden, a.w1.grad, in, false, u0, u1);
   else
     product_part(true, false, hidden, in, batch, dh, hidden, a.x, in, a.w1.grad, in, u0, u1, 0, in, {}, a.precision);
   part_done(fused_mlp_parts::w1_gradient);
