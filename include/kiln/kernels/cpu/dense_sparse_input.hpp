@@ -122,9 +122,9 @@ inline bool sparse_input_products_enabled() {
 // background, each with the differences of all `group` of its elements (0 where an element is the background). Both
 // products then hold a group's `group` columns in registers at once: W^T's rows in the forward, dW^T's in the weight
 // gradient, so that each listed row's loads serve `group` columns. Neighbouring pixels are off the background
-// together: on MNIST a group of four lists 1.48 rows per four pixels that one pixel alone lists, and the products
-// load 2.7x fewer vectors than column by column. The buffers grow to the largest input seen and are then reused: no
-// heap traffic in a steady state.
+// together: on MNIST the groups' multiply-adds (four per listed row) are 1.48x those of the listed pixels alone, and
+// the products load 2.7x fewer vectors than pixel by pixel. The buffers grow to the largest input seen and are then
+// reused: no heap traffic in a steady state.
 class sparse_input {
  public:
   static constexpr int group = 4;
