@@ -37,14 +37,17 @@ void require_same_training(Net& a, Optimizer& optimizer_a, Net& b, Optimizer& op
   for (std::size_t i = 0; i < params_a.size(); ++i) REQUIRE(params_a[i] == params_b[i]);
 }
 
-// `steps` Adam steps of the static `net` and of the dynamic `model` (the same weights) on one batch: equal losses.
-template <class Net>
+// `steps` Adam steps (with `options`) of the static `net` and of the dynamic `model` (the same weights) on one batch:
+// equal losses. after_step(static optimizer, dynamic optimizer) runs after each step, for checks of the optimizers'
+// own state.
+template <class Net, class AfterStep>
 void check_same_losses(Net& net, kiln::nn::Sequential& model,
-                       const std::pair<kiln::Tensor<float>, kiln::Tensor<std::int64_t>>& batch, int steps) {
+                       const std::pair<kiln::Tensor<float>, kiln::Tensor<std::int64_t>>& batch, int steps,
+                       const kiln::optim::adam_options& options, AfterStep&& after_step) {
   using namespace kiln;
   const auto& [x, y] = batch;
-  optim::Adam static_opt({.lr = 1e-3});
-  optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-3});
+  optim::Adam static_opt(options);
+  optim::Adam dynamic_opt(model.parameters(), options);
   nn::Variable input(x);
   for (int step = 0; step < steps; ++step) {
     const float s = net.train_step(x, y, loss::cross_entropy{}, static_opt);
@@ -53,5 +56,11 @@ void check_same_losses(Net& net, kiln::nn::Sequential& model,
     l.backward();
     dynamic_opt.step();
     CHECK(s == l.item());
+    after_step(static_opt, dynamic_opt);
   }
+}
+template <class Net>
+void check_same_losses(Net& net, kiln::nn::Sequential& model,
+                       const std::pair<kiln::Tensor<float>, kiln::Tensor<std::int64_t>>& batch, int steps) {
+  check_same_losses(net, model, batch, steps, {.lr = 1e-3}, [](const auto&, const auto&) {});
 }
