@@ -183,6 +183,76 @@ TEST_CASE("the sparse-input products' parts over output ranges are the whole cal
   CHECK(*std::min_element(y_whole.begin(), y_whole.end()) == 0.0f);  // the ReLU ran
 }
 
+TEST_CASE("listings of shares of an input's rows give the whole listing's bits, and qualify as the whole does") {
+  if (!avx512()) return;
+  thread_settings_guard guard;
+  const index_t batch = 45, in = 203, out = 96;
+  auto x = mostly_background(batch, in, -0.5f, 0.15, 25);
+  // The second share's first element is off the background: each share lists against the whole input's x[0].
+  x[std::size_t(23 * in)] = 1.25f;
+  const auto w = normal_values(std::size_t(out * in), 26, 0.1f);
+  const auto bias = normal_values(std::size_t(out), 27);
+  const auto dy = normal_values(std::size_t(batch * out), 28);
+  cpu::sparse_input whole;
+  REQUIRE(whole.scan(x.data(), batch, in, in));
+  std::vector<float> y_whole(std::size_t(batch * out)), dw_whole(std::size_t(out * in));
+  cpu::sparse_input_forward_part(whole, w.data(), in, bias.data(), activation::relu, 0.0f, y_whole.data(), out, 0,
+                                 out);
+  cpu::sparse_input_weight_gradient_part(whole, dy.data(), out, dw_whole.data(), in, false, 0, out);
+  const index_t limit = cpu::sparse_input::work_limit(batch, in);
+  std::vector<cpu::sparse_input> shares(3);
+  const index_t bounds[] = {0, 23, 24, batch};  // one share of a single row
+  index_t entries = 0;
+  for (std::size_t k = 0; k < shares.size(); ++k) {
+    REQUIRE(shares[k].scan_rows(x.data(), bounds[k], bounds[k + 1] - bounds[k], in, in, x[0], limit));
+    CHECK(shares[k].first_row == bounds[k]);
+    entries += shares[k].entries;
+  }
+  CHECK(entries == whole.entries);
+  const cpu::sparse_input* const parts[] = {&shares[0], &shares[1], &shares[2]};
+  for (bool apart : {false, true}) {
+    CAPTURE(apart);
+    std::vector<float> y_parts(y_whole.size()), dw_parts(dw_whole.size());
+    for (const auto& [o0, o1] : {std::pair<index_t, index_t>{0, 32}, {32, 96}}) {
+      cpu::sparse_input_forward_part(parts, w.data(), in, bias.data(), activation::relu, 0.0f, y_parts.data(), out, o0,
+                                     o1, apart);
+      cpu::sparse_input_weight_gradient_part(parts, dy.data(), out, dw_parts.data(), in, false, o0, o1);
+    }
+    CHECK(bitwise_equal(y_parts, y_whole));
+    CHECK(bitwise_equal(dw_parts, dw_whole));
+  }
+  // Through the kernels, on one to three threads: each lists its share, and the results are the whole listing's.
+  using kernels = cpu::sparse_input_kernels;
+  for (int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    std::vector<float> y(y_whole.size()), dw(dw_whole.size());
+    REQUIRE(kernels::dense_forward_sparse_input(x.data(), w.data(), bias.data(), y.data(), batch, in, out,
+                                                activation::relu, 0.0f));
+    REQUIRE(kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out, false, true));
+    CHECK(bitwise_equal(y, y_whole));
+    CHECK(bitwise_equal(dw, dw_whole));
+  }
+  // Shares that each list under the limit but pass it together decline the input, as the whole does: a dense input,
+  // whose halves each list half of the groups' rows that it has.
+  const auto dense = normal_values(64 * 200, 29);
+  const index_t dense_limit = cpu::sparse_input::work_limit(64, 200);
+  cpu::sparse_input first_half, second_half;
+  REQUIRE(first_half.scan_rows(dense.data(), 0, 32, 200, 200, dense[0], dense_limit));
+  REQUIRE(second_half.scan_rows(dense.data(), 32, 32, 200, 200, dense[0], dense_limit));
+  CHECK(first_half.entries + second_half.entries > dense_limit);
+  CHECK_FALSE(whole.scan(dense.data(), 64, 200, 200));
+  const auto w32 = normal_values(std::size_t(32 * 200), 30);  // two tiles of outputs: one for each thread
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    std::vector<float> y(64 * 32);
+    const float* no_bias = nullptr;
+    CHECK_FALSE(kernels::dense_forward_sparse_input(dense.data(), w32.data(), no_bias, y.data(), 64, 200, 32,
+                                                    activation::identity, 0.0f));
+  }
+}
+
 TEST_CASE("a NaN in a sparse input reaches the outputs and gradients it would reach in the product") {
   if (!avx512()) return;
   const index_t batch = 16, in = 128, out = 128;

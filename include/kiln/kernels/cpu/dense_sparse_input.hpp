@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <type_traits>
 #include <utility>
 
@@ -130,11 +131,13 @@ class sparse_input {
   static constexpr int group = 4;
 
   float background = 0;
-  index_t rows = 0, cols = 0, groups = 0, entries = 0;
+  // The listing covers rows [first_row, first_row + rows) of its input: all of them, or one thread's share where
+  // several threads list an input together (each its own rows, against the whole input's background).
+  index_t first_row = 0, rows = 0, cols = 0, groups = 0, entries = 0;
 
-  // Group g (columns [group * g, group * g + group)) lists [start[g], start[g + 1]) of row and value: row[t] is a row
-  // of x and value[i][t] the difference x - background of its column group * g + i (0 past the last column). Valid
-  // until the next scan.
+  // Group g (columns [group * g, group * g + group)) lists [start[g], start[g + 1]) of row and value: first_row +
+  // row[t] is a row of x and value[i][t] the difference x - background of its column group * g + i (0 past the last
+  // column). Valid until the next scan.
   const index_t* start = nullptr;
   const std::int32_t* row = nullptr;
   const float* value[group] = {};
@@ -146,6 +149,18 @@ class sparse_input {
   // listed, where x[0] is not finite or group * entries would pass max_work * rows * cols (it stops reading there).
   bool scan(const float* x, index_t rows, index_t cols, index_t ldx, double max_work = sparse_input_max_work);
 
+  // Lists rows [first, first + count) of x (cols columns, leading dimension ldx) against `background`, which must be
+  // finite. Returns false, with nothing usable listed, where the rows list more than `limit` entries. The parts that
+  // threads list of one input hold, between them, what scan lists of the whole, and qualify together where their
+  // entries add up to at most work_limit's (so that the path never depends on the threads).
+  bool scan_rows(const float* x, index_t first, index_t count, index_t cols, index_t ldx, float background,
+                 index_t limit);
+
+  // The most entries that an input of rows x cols may list and take the sparse products.
+  static index_t work_limit(index_t rows, index_t cols, double max_work = sparse_input_max_work) {
+    return static_cast<index_t>(max_work * double(rows) * double(cols) / group);
+  }
+
  private:
   template <class U>
   static U* grow(gemm_detail::gemm_scratch& s, index_t count) {
@@ -155,14 +170,26 @@ class sparse_input {
 };
 
 inline bool sparse_input::scan(const float* x, index_t rows_, index_t cols_, index_t ldx, double max_work) {
+  if (rows_ <= 0 || cols_ <= 0 || !std::isfinite(x[0])) {
+    rows = cols = groups = entries = first_row = 0;
+    tag = 0;
+    return false;
+  }
+  return scan_rows(x, 0, rows_, cols_, ldx, x[0], work_limit(rows_, cols_, max_work));
+}
+
+inline bool sparse_input::scan_rows(const float* x, index_t first, index_t count_, index_t cols_, index_t ldx,
+                                    float background_, index_t limit) {
 #if defined(__AVX512F__)
-  rows = rows_;
+  first_row = first;
+  rows = count_;
   cols = cols_;
   groups = (cols + group - 1) / group;
   entries = 0;
   tag = 0;
-  if (rows <= 0 || cols <= 0 || !std::isfinite(x[0])) return false;
-  background = x[0];
+  if (rows <= 0 || cols <= 0) return false;
+  background = background_;
+  x += first * ldx;
   // x^T, transposed 16 x 16 in registers, so that a group's columns are rows read a vector of 16 rows at a time (a
   // counting sort of row-by-row lists took twice as long: its scattered stores wait on each other). The columns
   // that pad the last group hold the background and list nothing.
@@ -170,7 +197,6 @@ inline bool sparse_input::scan(const float* x, index_t rows_, index_t cols_, ind
   float* const t = grow<float>(transposed_, padded * rows);
   sparse_input_detail::transpose(x, ldx, rows, cols, t, rows, false);
   std::fill(t + cols * rows, t + padded * rows, background);
-  const index_t limit = static_cast<index_t>(max_work * double(rows) * double(cols) / group);
   // A group lists at most `rows` rows past the limit before its check, and compressed vectors are stored whole: 16
   // elements of slack.
   const index_t capacity = limit + rows + 16;
@@ -212,7 +238,7 @@ inline bool sparse_input::scan(const float* x, index_t rows_, index_t cols_, ind
   for (int i = 0; i < group; ++i) value[i] = values + i * capacity;
   return true;
 #else
-  (void)x, (void)rows_, (void)cols_, (void)ldx, (void)max_work;
+  (void)x, (void)first, (void)count_, (void)cols_, (void)ldx, (void)background_, (void)limit;
   return false;
 #endif
 }
@@ -255,13 +281,12 @@ KILN_NOINLINE void forward_group(const float* KILN_RESTRICT w_t, index_t ld, con
   }
 }
 
-// The weight gradient over one group's listed rows: `group` columns of dW^T (Vectors vectors of each) in registers,
-// each c * sums (the background's share) plus its differences times the listed rows of dy, stored to g_t (leading
-// dimension ld).
+// The weight gradient over group g's listed rows, in every part of the listing in turn: `group` columns of dW^T
+// (Vectors vectors of each) in registers, each c * sums (the background's share) plus its differences times the
+// listed rows of dy, stored to g_t (leading dimension ld).
 template <int Vectors>
 KILN_NOINLINE void gradient_group(float c, const float* KILN_RESTRICT sums, const float* KILN_RESTRICT dy,
-                                  index_t ldy, const std::int32_t* KILN_RESTRICT rows,
-                                  const float* const (&values)[group], index_t first, index_t count,
+                                  index_t ldy, std::span<const sparse_input* const> parts, index_t g,
                                   float* KILN_RESTRICT g_t, index_t ld) {
   __m512 acc[group][Vectors];
   const __m512 background = _mm512_set1_ps(c);
@@ -271,18 +296,22 @@ KILN_NOINLINE void gradient_group(float c, const float* KILN_RESTRICT sums, cons
 #pragma GCC unroll 4
     for (int i = 0; i < group; ++i) acc[i][v] = share;
   }
-  for (index_t t = first; t < first + count; ++t) {
-    const float* const d_row = dy + index_t(rows[t]) * ldy;
-    __m512 d[group];
-    listed_differences(d, values, t);
+  for (const sparse_input* part : parts) {
+    const float* const dy_part = dy + part->first_row * ldy;
+    const std::int32_t* KILN_RESTRICT const rows = part->row;
+    for (index_t t = part->start[g]; t < part->start[g + 1]; ++t) {
+      const float* const d_row = dy_part + index_t(rows[t]) * ldy;
+      __m512 d[group];
+      listed_differences(d, part->value, t);
 #pragma GCC unroll 4
-    for (int v = 0; v < Vectors; ++v) {
-      __m512 gradient = _mm512_loadu_ps(d_row + 16 * v);
-      // Loaded once into a register: GCC otherwise folds the load into each of the group's FMAs, and the four loads
-      // per vector, not the FMAs, then set the pace (1.7x the time on Zen 4).
-      gemm_detail::opaque(gradient);
+      for (int v = 0; v < Vectors; ++v) {
+        __m512 gradient = _mm512_loadu_ps(d_row + 16 * v);
+        // Loaded once into a register: GCC otherwise folds the load into each of the group's FMAs, and the four
+        // loads per vector, not the FMAs, then set the pace (1.7x the time on Zen 4).
+        gemm_detail::opaque(gradient);
 #pragma GCC unroll 4
-      for (int i = 0; i < group; ++i) acc[i][v] = _mm512_fmadd_ps(d[i], gradient, acc[i][v]);
+        for (int i = 0; i < group; ++i) acc[i][v] = _mm512_fmadd_ps(d[i], gradient, acc[i][v]);
+      }
     }
   }
 #pragma GCC unroll 4
@@ -314,17 +343,27 @@ inline gemm_detail::gemm_scratch& transposed_scratch() {
   static thread_local gemm_detail::gemm_scratch scratch;
   return scratch;
 }
+inline gemm_detail::gemm_scratch& partial_sums_scratch() {
+  static thread_local gemm_detail::gemm_scratch scratch;
+  return scratch;
+}
 
 }  // namespace sparse_input_detail
 
-// Outputs [o0, o1) of every row of y = act(x W^T + bias), x listed by s (rows x in), W (out x in, leading dimension
-// ldw), y (rows x out, leading dimension ldy); o0 and o1 - o0 multiples of 16. The epilogue is the GEMM's (bias
-// added, then the activation). Runs on the calling thread.
-inline void sparse_input_forward_part(const sparse_input& s, const float* w, index_t ldw, const float* bias,
-                                      activation act, float slope, float* y, index_t ldy, index_t o0, index_t o1) {
+// Outputs [o0, o1) of every row of y = act(x W^T + bias), x listed by `parts` (rows x in: the listings of
+// consecutive rows of x, in order, together all of them), W (out x in, leading dimension ldw), y (rows x out, leading
+// dimension ldy); o0 and o1 - o0 multiples of 16. The epilogue is the GEMM's (bias added, then the activation). Runs
+// on the calling thread. Each row of y is the same sums whichever parts list x. Where `apart` (other threads write
+// the other outputs of y's rows meanwhile), the sums are made in the thread's own scratch and y written once, by the
+// epilogue: made in y itself, each listed row's additions drew in the cache lines of the other threads' outputs
+// beside them, and a 64-output part took 2.4x as long on two threads as alone (MNIST's first layer, Zen 4).
+inline void sparse_input_forward_part(std::span<const sparse_input* const> parts, const float* w, index_t ldw,
+                                      const float* bias, activation act, float slope, float* y, index_t ldy,
+                                      index_t o0, index_t o1, bool apart = false) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
-  const index_t width = o1 - o0, in = s.cols, padded = s.groups * group;
+  const sparse_input& last = *parts.back();
+  const index_t width = o1 - o0, in = last.cols, padded = last.groups * group, rows = last.first_row + last.rows;
   if (width <= 0) return;
   // W's rows [o0, o1) transposed (in x width, then zeros for the columns that pad the last group), then their sums
   // over the inputs, in input order.
@@ -333,58 +372,80 @@ inline void sparse_input_forward_part(const sparse_input& s, const float* w, ind
   float* const sums = w_t + padded * width;
   transpose_with_row_sums(w + o0 * ldw, ldw, width, in, w_t, width, sums);
   std::fill(w_t + in * width, w_t + padded * width, 0.0f);
+  float* const acc = apart ? static_cast<float*>(partial_sums_scratch().reserve(
+                                 static_cast<std::size_t>(rows * width) * sizeof(float)))
+                           : y + o0;
+  const index_t ld_acc = apart ? width : ldy;
   // Every row starts at the background's share, c times W's row sums; the groups then add their listed rows' terms
-  // in y itself, and the epilogue runs last.
-  const __m512 background = _mm512_set1_ps(s.background);
-  for (index_t i = 0; i < s.rows; ++i)
+  // in place, and the epilogue runs last.
+  const __m512 background = _mm512_set1_ps(last.background);
+  for (index_t i = 0; i < rows; ++i)
     for (index_t o = 0; o < width; o += 16)
-      _mm512_storeu_ps(y + i * ldy + o0 + o, _mm512_mul_ps(background, _mm512_loadu_ps(sums + o)));
+      _mm512_storeu_ps(acc + i * ld_acc + o, _mm512_mul_ps(background, _mm512_loadu_ps(sums + o)));
   for (index_t o = 0; o < width; o += 16 * max_vectors) {
     const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
     const gemm_detail::tile_epilogue<float> tile{1.0f, 0.0f, bias ? bias + o0 + o : nullptr, act, slope, true, true};
     with_vectors(vectors, [&]<int V>() {
-      for (index_t g = 0; g < s.groups; ++g)
-        forward_group<V>(w_t + g * group * width + o, width, s.row, s.value, s.start[g], s.start[g + 1] - s.start[g],
-                         y + o0 + o, ldy);
-      for (index_t i = 0; i < s.rows; ++i) {
-        float* const out = y + i * ldy + o0 + o;
-        __m512 acc[1][V];
+      for (const sparse_input* part : parts)
+        for (index_t g = 0; g < part->groups; ++g)
+          forward_group<V>(w_t + g * group * width + o, width, part->row, part->value, part->start[g],
+                           part->start[g + 1] - part->start[g], acc + part->first_row * ld_acc + o, ld_acc);
+      for (index_t i = 0; i < rows; ++i) {
+        const float* const made = acc + i * ld_acc + o;
+        __m512 sum[1][V];
 #pragma GCC unroll 4
-        for (int v = 0; v < V; ++v) acc[0][v] = _mm512_loadu_ps(out + 16 * v);
-        gemm_detail::store_tile<float, 1, V>(acc, out, 0, 16 * V, tile);
+        for (int v = 0; v < V; ++v) sum[0][v] = _mm512_loadu_ps(made + 16 * v);
+        gemm_detail::store_tile<float, 1, V>(sum, y + i * ldy + o0 + o, 0, 16 * V, tile);
       }
     });
   }
 #else
-  (void)s, (void)w, (void)ldw, (void)bias, (void)act, (void)slope, (void)y, (void)ldy, (void)o0, (void)o1;
+  (void)parts, (void)w, (void)ldw, (void)bias, (void)act, (void)slope, (void)y, (void)ldy, (void)o0, (void)o1,
+      (void)apart;
 #endif
 }
 
-// Rows [o0, o1) of dW = dy^T x (added to dW's values where accumulate), x listed by s (rows x in), dy (rows x out,
-// leading dimension ldy), dW (out x in, leading dimension ldw); o0 and o1 - o0 multiples of 16. Runs on the calling
-// thread.
-inline void sparse_input_weight_gradient_part(const sparse_input& s, const float* dy, index_t ldy, float* dw,
-                                              index_t ldw, bool accumulate, index_t o0, index_t o1) {
+// The same, x listed whole by s.
+inline void sparse_input_forward_part(const sparse_input& s, const float* w, index_t ldw, const float* bias,
+                                      activation act, float slope, float* y, index_t ldy, index_t o0, index_t o1,
+                                      bool apart = false) {
+  const sparse_input* const whole[] = {&s};
+  sparse_input_forward_part(whole, w, ldw, bias, act, slope, y, ldy, o0, o1, apart);
+}
+
+// Rows [o0, o1) of dW = dy^T x (added to dW's values where accumulate), x listed by `parts` (rows x in, as the
+// forward's), dy (rows x out, leading dimension ldy), dW (out x in, leading dimension ldw); o0 and o1 - o0 multiples
+// of 16. Runs on the calling thread. The same sums whichever parts list x.
+inline void sparse_input_weight_gradient_part(std::span<const sparse_input* const> parts, const float* dy,
+                                              index_t ldy, float* dw, index_t ldw, bool accumulate, index_t o0,
+                                              index_t o1) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
-  const index_t width = o1 - o0, in = s.cols, padded = s.groups * group;
+  const sparse_input& last = *parts.back();
+  const index_t width = o1 - o0, in = last.cols, padded = last.groups * group, rows = last.first_row + last.rows;
   if (width <= 0) return;
   float* const g_t = static_cast<float*>(
       transposed_scratch().reserve(static_cast<std::size_t>((padded + 1) * width) * sizeof(float)));
   float* const sums = g_t + padded * width;
-  column_sums(dy + o0, ldy, s.rows, width, sums);
+  column_sums(dy + o0, ldy, rows, width, sums);
   for (index_t o = 0; o < width; o += 16 * max_vectors) {
     const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
     with_vectors(vectors, [&]<int V>() {
-      for (index_t g = 0; g < s.groups; ++g)
-        gradient_group<V>(s.background, sums + o, dy + o0 + o, ldy, s.row, s.value, s.start[g],
-                          s.start[g + 1] - s.start[g], g_t + g * group * width + o, width);
+      for (index_t g = 0; g < last.groups; ++g)
+        gradient_group<V>(last.background, sums + o, dy + o0 + o, ldy, parts, g, g_t + g * group * width + o, width);
     });
   }
   transpose(g_t, width, in, width, dw + o0 * ldw, ldw, accumulate);
 #else
-  (void)s, (void)dy, (void)ldy, (void)dw, (void)ldw, (void)accumulate, (void)o0, (void)o1;
+  (void)parts, (void)dy, (void)ldy, (void)dw, (void)ldw, (void)accumulate, (void)o0, (void)o1;
 #endif
+}
+
+// The same, x listed whole by s.
+inline void sparse_input_weight_gradient_part(const sparse_input& s, const float* dy, index_t ldy, float* dw,
+                                              index_t ldw, bool accumulate, index_t o0, index_t o1) {
+  const sparse_input* const whole[] = {&s};
+  sparse_input_weight_gradient_part(whole, dy, ldy, dw, ldw, accumulate, o0, o1);
 }
 
 // Whether a Dense layer of this shape may take the sparse-input products: turned on, floats on AVX-512, a multiple of
@@ -409,6 +470,32 @@ struct sparse_input_kernels {
     return input;
   }
 
+  // Called by each thread `id` of a team of `team` at once (inside a parallel region it holds a barrier): lists the
+  // thread's share of x's rows (batch x in) into parts[id], then returns whether x qualifies, parts[0, team) then its
+  // listings in row order. The shares are the ones that a data loader on as many threads copies (data_loader), so
+  // each thread lists rows in its own core's cache, and each then walks every thread's listing. (Each thread listing
+  // the whole of x took twice as long as its share on two threads, half of x coming from the other core's cache; one
+  // listing shared out left the two-thread step 1.4x as fast as one thread's, each thread waiting on all of the other's
+  // lists.) The answer is the same on every thread and for every team: the shares' entries add up to the whole's.
+  // `tag` and `reuse` as thread_listing's.
+  static bool list_shares(const float* x, index_t batch, index_t in, int id, int team, const sparse_input** parts,
+                          std::uint64_t tag = 0, std::uint64_t reuse = 0) {
+    const bool valid = batch >= team && in > 0 && std::isfinite(x[0]);
+    const index_t limit = sparse_input::work_limit(batch, in);
+    const thread_split shares = thread_split::equal(team);
+    parts[id] = valid ? thread_listing(x, shares.begin(batch, id), shares.end(batch, id), in, limit, tag, reuse)
+                      : nullptr;
+    if (team > 1) {
+#pragma omp barrier
+    }
+    index_t entries = 0;
+    for (int k = 0; k < team; ++k) {
+      if (!parts[k]) return false;
+      entries += parts[k]->entries;
+    }
+    return entries <= limit;
+  }
+
   // y = act(x W^T + bias) for x (batch x in), W (out x in), y (batch x out), all contiguous.
   template <class T>
   static bool dense_forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in,
@@ -417,9 +504,10 @@ struct sparse_input_kernels {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
       const std::uint64_t call = next_forward_call();
       last_forward() = {x, batch, in, call};
-      return listed_then_over_outputs(x, batch, in, out, call, 0, [&](const sparse_input& s, index_t o0, index_t o1) {
-        sparse_input_forward_part(s, weight, in, bias, act, slope, y, out, o0, o1);
-      });
+      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1, bool apart) {
+        sparse_input_forward_part(parts, weight, in, bias, act, slope, y, out, o0, o1, apart);
+      };
+      return listed_then_over_outputs(x, batch, in, out, call, 0, part);
     }
     (void)x, (void)weight, (void)bias, (void)y, (void)batch, (void)in, (void)out, (void)act, (void)slope;
     return false;
@@ -438,10 +526,10 @@ struct sparse_input_kernels {
       const std::uint64_t reuse = input_as_in_forward && last.x == x && last.batch == batch && last.in == in
                                       ? last.call
                                       : 0;
-      return listed_then_over_outputs(x, batch, in, out, 0, reuse, [&](const sparse_input& s, index_t o0,
-                                                                         index_t o1) {
-        sparse_input_weight_gradient_part(s, dy, out, dweight, in, accumulate, o0, o1);
-      });
+      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1, bool) {
+        sparse_input_weight_gradient_part(parts, dy, out, dweight, in, accumulate, o0, o1);
+      };
+      return listed_then_over_outputs(x, batch, in, out, 0, reuse, part);
     }
     (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate, (void)input_as_in_forward;
     return false;
@@ -465,32 +553,30 @@ struct sparse_input_kernels {
     return calls.fetch_add(1, std::memory_order_relaxed) + 1;
   }
 
-  // Each thread's listing of x: the one tagged `reuse` where the thread holds it (reuse nonzero), else a fresh scan,
-  // tagged `tag`. Whether x qualifies is the same answer either way.
-  static bool thread_listing(const float* x, index_t batch, index_t in, std::uint64_t tag, std::uint64_t reuse,
-                             sparse_input*& listing) {
+  // The calling thread's listing of rows [r0, r1) of x: the one tagged `reuse` where the thread holds it for those
+  // rows (reuse nonzero), else a fresh scan against the whole input's background, tagged `tag`; null where the rows
+  // list more than `limit` entries. Whether x qualifies is the same answer either way.
+  static const sparse_input* thread_listing(const float* x, index_t r0, index_t r1, index_t in, index_t limit,
+                                            std::uint64_t tag, std::uint64_t reuse) {
     sparse_input& s = thread_input();
-    listing = &s;
-    if (reuse != 0 && s.tag == reuse) return true;
-    if (!s.scan(x, batch, in, in)) return false;
+    if (reuse != 0 && s.tag == reuse && s.first_row == r0 && s.rows == r1 - r0 && s.cols == in) return &s;
+    if (!s.scan_rows(x, r0, r1 - r0, in, in, x[0], limit)) return nullptr;
     s.tag = tag;
-    return true;
+    return &s;
   }
 
-  // Lists x, then, where it qualifies, runs body(listing, o0, o1) over the outputs in tiles of 16: on one parallel
-  // region's threads where there are several, each listing x for itself. (Listing it once, shared out over the
-  // threads, left the two-thread step 1.4x as fast as one thread's: each thread then read lists that the other had
-  // just written, a cache line from the other core per 16 elements.) Returns whether x qualified, the same answer on
-  // every thread.
+  // Lists x, then, where it qualifies, runs body(parts, o0, o1, apart) over the outputs in tiles of 16 (parts as
+  // list_shares leaves them, apart where other threads take other outputs), on one parallel region's threads where
+  // there are several. Returns whether x qualified.
   template <class Body>
   static bool listed_then_over_outputs(const float* x, index_t batch, index_t in, index_t out, std::uint64_t tag,
                                        std::uint64_t reuse, Body&& body) {
     const index_t tiles = out / 16;
-    const int threads = int(std::min<index_t>(num_threads(), tiles));
-    sparse_input* s = nullptr;
+    const int threads = int(std::min<index_t>({num_threads(), tiles, batch, thread_split::max_threads}));
+    const sparse_input* parts[thread_split::max_threads] = {};
     if (threads <= 1) {
-      if (!thread_listing(x, batch, in, tag, reuse, s)) return false;
-      body(*s, index_t{0}, out);
+      if (!list_shares(x, batch, in, 0, 1, parts, tag, reuse)) return false;
+      body(std::span<const sparse_input* const>(parts, 1), index_t{0}, out, false);
       return true;
     }
 #if defined(_OPENMP)
@@ -498,13 +584,14 @@ struct sparse_input_kernels {
     const thread_split split = balance.split(threads, tiles, 1);
     bool qualified = false;
     run_clock clock;
-#pragma omp parallel num_threads(threads) private(s)
+#pragma omp parallel num_threads(threads)
     {
       const int team = omp_get_num_threads(), id = omp_get_thread_num();
-      const bool listed = thread_listing(x, batch, in, tag, reuse, s);
+      const bool listed = list_shares(x, batch, in, id, team, parts, tag, reuse);
       const thread_split mine = split.over(team);
-      if (listed && mine.begin(tiles, id) < mine.end(tiles, id))
-        body(*s, mine.begin(tiles, id) * 16, mine.end(tiles, id) * 16);
+      const index_t first = mine.begin(tiles, id), end = mine.end(tiles, id);
+      if (listed && first < end)
+        body(std::span<const sparse_input* const>(parts, std::size_t(team)), first * 16, end * 16, team > 1);
       if (id == 0) qualified = listed;
       clock.finish(id, team);
     }

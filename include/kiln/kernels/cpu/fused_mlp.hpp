@@ -236,9 +236,11 @@ inline void head_backward_part(const float* head, const float* h, const float* w
 // with every kernel inside running on the calling thread alone (num_threads() is 1 inside a parallel region).
 // Returns the loss on the first thread. busy_seconds gets the time the thread spent on the work that grows with its
 // units (the forward product and everything after the second barrier), which is what the split's balance learns the
-// threads' speeds from: the time to the end of the step would also count the waits at the barriers.
+// threads' speeds from: the time to the end of the step would also count the waits at the barriers. `listings`: room
+// for the team's listings of the batch where the hidden layer takes the sparse-input products, null where it does not.
 inline float step_part(const fused_mlp_step_arguments& a, int id, int team, index_t u0, index_t u1,
-                       std::chrono::steady_clock::time_point step_start, double& busy_seconds) {
+                       std::chrono::steady_clock::time_point step_start, const sparse_input** listings,
+                       double& busy_seconds) {
   const index_t batch = a.batch, in = a.in, hidden = a.hidden, out = a.out;
   float* const h = a.hidden_values;
   float* const dh = a.hidden_grads;
@@ -262,12 +264,16 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // own rows are in its core's cache, and the two threads do not wait on the same lines from the other core at once
   // (bench/RESULTS.md: 3-5 us off this product on two threads).
   // An input mostly of one value (MNIST's blank pixels) takes the sparse-input products, as Dense's forward and
-  // backward take them (dense_sparse_input.hpp): each thread lists the batch for itself, once for the forward and
-  // W1's gradient both (the same answer on every thread).
-  sparse_input& listed = sparse_input_kernels::thread_input();
-  const bool sparse = dense_sparse_input_applies<float>(batch, in, hidden) && listed.scan(a.x, batch, in, in);
+  // backward take them (dense_sparse_input.hpp), where `listings` is given: each thread lists its share of the
+  // batch's rows into listings[id], once for the forward and W1's gradient both, and walks every thread's listing
+  // (the same answer on every thread).
+  const bool sparse = listings && sparse_input_kernels::list_shares(a.x, batch, in, id, team, listings);
+  const std::span<const sparse_input* const> parts(listings, sparse ? std::size_t(team) : 0);
+  // The listing is an equal share of the rows on every thread, whatever the split of the units: not the balance's to
+  // learn from, nor the wait for the other threads' shares.
+  const auto units_start = clock::now();
   if (sparse)
-    sparse_input_forward_part(listed, a.w1.value, in, a.b1.value, activation::relu, 0.0f, h, hidden, u0, u1);
+    sparse_input_forward_part(parts, a.w1.value, in, a.b1.value, activation::relu, 0.0f, h, hidden, u0, u1, team > 1);
   else
     product_part(false, true, batch, hidden, in, a.x, in, a.w1.value, in, h, hidden, 0, batch, u0, u1,
                  {a.b1.value, activation::relu, 0.0f}, a.precision, double(id) / double(team));
@@ -316,14 +322,14 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   for (index_t o = 0; o < out; ++o) adam_range(a.w2, o * hidden + u0, o * hidden + u1, a.adam);
   part_done(fused_mlp_parts::head_backward);
   if (sparse)
-    sparse_input_weight_gradient_part(listed, dh, hidden, a.w1.grad, in, false, u0, u1);
+    sparse_input_weight_gradient_part(parts, dh, hidden, a.w1.grad, in, false, u0, u1);
   else
     product_part(true, false, hidden, in, batch, dh, hidden, a.x, in, a.w1.grad, in, u0, u1, 0, in, {}, a.precision);
   part_done(fused_mlp_parts::w1_gradient);
   adam_range(a.w1, u0 * in, u1 * in, a.adam);
   adam_range(a.b1, u0, u1, a.adam);
   part_done(fused_mlp_parts::w1_update);
-  busy_seconds = std::chrono::duration<double>(forward_end - forward_start + (clock::now() - own_start)).count();
+  busy_seconds = std::chrono::duration<double>(forward_end - units_start + (clock::now() - own_start)).count();
   return loss;
 }
 
@@ -336,6 +342,10 @@ inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& b
   const steady::time_point step_start = a.parts ? steady::now() : steady::time_point{};  // read only when profiling
   const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out, a.precision);
   double busy = 0;
+  // Whether the hidden layer may take the sparse-input products, decided once for the whole team (list_shares holds a
+  // barrier that every thread or none must reach), and the team's listings of the batch.
+  const bool sparse = dense_sparse_input_applies<float>(a.batch, a.in, a.hidden);
+  const sparse_input* listings[thread_split::max_threads] = {};
 #if defined(_OPENMP)
   if (threads > 1) {
     const index_t tiles = (a.hidden + fused_mlp_unit_tile - 1) / fused_mlp_unit_tile;
@@ -350,7 +360,8 @@ inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& b
       const index_t u0 = std::min(a.hidden, mine.begin(tiles, id) * fused_mlp_unit_tile);
       const index_t u1 = std::min(a.hidden, mine.end(tiles, id) * fused_mlp_unit_tile);
       double busy_seconds = 0;
-      const float part_loss = fused_mlp_detail::step_part(a, id, team, u0, u1, step_start, busy_seconds);
+      const float part_loss =
+          fused_mlp_detail::step_part(a, id, team, u0, u1, step_start, sparse ? listings : nullptr, busy_seconds);
       if (id == 0) {
         loss = part_loss;
         clock.team = team;
@@ -364,7 +375,7 @@ inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& b
 #endif
   (void)balance;  // one thread: nothing to balance
   if (a.parts) a.parts->threads = 1;
-  return fused_mlp_detail::step_part(a, 0, 1, 0, a.hidden, step_start, busy);
+  return fused_mlp_detail::step_part(a, 0, 1, 0, a.hidden, step_start, sparse ? listings : nullptr, busy);
 }
 
 }  // namespace kiln::kernels::cpu
