@@ -353,13 +353,15 @@ inline gemm_detail::gemm_scratch& partial_sums_scratch() {
 // Outputs [o0, o1) of every row of y = act(x W^T + bias), x listed by `parts` (rows x in: the listings of
 // consecutive rows of x, in order, together all of them), W (out x in, leading dimension ldw), y (rows x out, leading
 // dimension ldy); o0 and o1 - o0 multiples of 16. The epilogue is the GEMM's (bias added, then the activation). Runs
-// on the calling thread. Each row of y is the same sums whichever parts list x. Where `apart` (other threads write
-// the other outputs of y's rows meanwhile), the sums are made in the thread's own scratch and y written once, by the
-// epilogue: made in y itself, each listed row's additions drew in the cache lines of the other threads' outputs
-// beside them, and a 64-output part took 2.4x as long on two threads as alone (MNIST's first layer, Zen 4).
+// on the calling thread. Each row of y is the same sums whichever parts list x. The sums are made in the thread's own
+// scratch, its rows an odd number of cache lines apart, and y is written once, by the epilogue. Made in y itself, each
+// listed row's additions drew in the cache lines of other threads' outputs beside them (a 64-output part took 2.4x
+// as long on two threads as alone, on MNIST's first layer), and rows 4 KiB apart, as a 1024-output layer's are, all
+// fell in the same few sets of the L1 cache (the forward of 256 x 784 -> 1024 took 1.5x the GEMM's time on one
+// thread; Zen 4).
 inline void sparse_input_forward_part(std::span<const sparse_input* const> parts, const float* w, index_t ldw,
                                       const float* bias, activation act, float slope, float* y, index_t ldy,
-                                      index_t o0, index_t o1, bool apart = false) {
+                                      index_t o0, index_t o1) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   const sparse_input& last = *parts.back();
@@ -372,10 +374,9 @@ inline void sparse_input_forward_part(std::span<const sparse_input* const> parts
   float* const sums = w_t + padded * width;
   transpose_with_row_sums(w + o0 * ldw, ldw, width, in, w_t, width, sums);
   std::fill(w_t + in * width, w_t + padded * width, 0.0f);
-  float* const acc = apart ? static_cast<float*>(partial_sums_scratch().reserve(
-                                 static_cast<std::size_t>(rows * width) * sizeof(float)))
-                           : y + o0;
-  const index_t ld_acc = apart ? width : ldy;
+  const index_t ld_acc = (width / 16) % 2 == 0 ? width + 16 : width;  // an odd number of cache lines
+  float* const acc = static_cast<float*>(
+      partial_sums_scratch().reserve(static_cast<std::size_t>(rows * ld_acc) * sizeof(float)));
   // Every row starts at the background's share, c times W's row sums; the groups then add their listed rows' terms
   // in place, and the epilogue runs last.
   const __m512 background = _mm512_set1_ps(last.background);
@@ -400,17 +401,15 @@ inline void sparse_input_forward_part(std::span<const sparse_input* const> parts
     });
   }
 #else
-  (void)parts, (void)w, (void)ldw, (void)bias, (void)act, (void)slope, (void)y, (void)ldy, (void)o0, (void)o1,
-      (void)apart;
+  (void)parts, (void)w, (void)ldw, (void)bias, (void)act, (void)slope, (void)y, (void)ldy, (void)o0, (void)o1;
 #endif
 }
 
 // The same, x listed whole by s.
 inline void sparse_input_forward_part(const sparse_input& s, const float* w, index_t ldw, const float* bias,
-                                      activation act, float slope, float* y, index_t ldy, index_t o0, index_t o1,
-                                      bool apart = false) {
+                                      activation act, float slope, float* y, index_t ldy, index_t o0, index_t o1) {
   const sparse_input* const whole[] = {&s};
-  sparse_input_forward_part(whole, w, ldw, bias, act, slope, y, ldy, o0, o1, apart);
+  sparse_input_forward_part(whole, w, ldw, bias, act, slope, y, ldy, o0, o1);
 }
 
 // Rows [o0, o1) of dW = dy^T x (added to dW's values where accumulate), x listed by `parts` (rows x in, as the
@@ -504,8 +503,8 @@ struct sparse_input_kernels {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
       const std::uint64_t call = next_forward_call();
       last_forward() = {x, batch, in, call};
-      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1, bool apart) {
-        sparse_input_forward_part(parts, weight, in, bias, act, slope, y, out, o0, o1, apart);
+      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1) {
+        sparse_input_forward_part(parts, weight, in, bias, act, slope, y, out, o0, o1);
       };
       return listed_then_over_outputs(x, batch, in, out, call, 0, part);
     }
@@ -526,7 +525,7 @@ struct sparse_input_kernels {
       const std::uint64_t reuse = input_as_in_forward && last.x == x && last.batch == batch && last.in == in
                                       ? last.call
                                       : 0;
-      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1, bool) {
+      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1) {
         sparse_input_weight_gradient_part(parts, dy, out, dweight, in, accumulate, o0, o1);
       };
       return listed_then_over_outputs(x, batch, in, out, 0, reuse, part);
@@ -565,9 +564,8 @@ struct sparse_input_kernels {
     return &s;
   }
 
-  // Lists x, then, where it qualifies, runs body(parts, o0, o1, apart) over the outputs in tiles of 16 (parts as
-  // list_shares leaves them, apart where other threads take other outputs), on one parallel region's threads where
-  // there are several. Returns whether x qualified.
+  // Lists x, then, where it qualifies, runs body(parts, o0, o1) over the outputs in tiles of 16 (parts as
+  // list_shares leaves them), on one parallel region's threads where there are several. Returns whether x qualified.
   template <class Body>
   static bool listed_then_over_outputs(const float* x, index_t batch, index_t in, index_t out, std::uint64_t tag,
                                        std::uint64_t reuse, Body&& body) {
@@ -576,7 +574,7 @@ struct sparse_input_kernels {
     const sparse_input* parts[thread_split::max_threads] = {};
     if (threads <= 1) {
       if (!list_shares(x, batch, in, 0, 1, parts, tag, reuse)) return false;
-      body(std::span<const sparse_input* const>(parts, 1), index_t{0}, out, false);
+      body(std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
       return true;
     }
 #if defined(_OPENMP)
@@ -591,7 +589,7 @@ struct sparse_input_kernels {
       const thread_split mine = split.over(team);
       const index_t first = mine.begin(tiles, id), end = mine.end(tiles, id);
       if (listed && first < end)
-        body(std::span<const sparse_input* const>(parts, std::size_t(team)), first * 16, end * 16, team > 1);
+        body(std::span<const sparse_input* const>(parts, std::size_t(team)), first * 16, end * 16);
       if (id == 0) qualified = listed;
       clock.finish(id, team);
     }

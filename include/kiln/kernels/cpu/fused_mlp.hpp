@@ -273,7 +273,7 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // learn from, nor the wait for the other threads' shares.
   const auto units_start = clock::now();
   if (sparse)
-    sparse_input_forward_part(parts, a.w1.value, in, a.b1.value, activation::relu, 0.0f, h, hidden, u0, u1, team > 1);
+    sparse_input_forward_part(parts, a.w1.value, in, a.b1.value, activation::relu, 0.0f, h, hidden, u0, u1);
   else
     product_part(false, true, batch, hidden, in, a.x, in, a.w1.value, in, h, hidden, 0, batch, u0, u1,
                  {a.b1.value, activation::relu, 0.0f}, a.precision, double(id) / double(team));
