@@ -16,11 +16,12 @@
 // kernels multiply in single precision whatever the policy's precision, as the sparse convolution gradients do.
 //
 // Why the layouts: both products hold a group of 4 input columns in registers, 64 outputs wide, and run down the
-// group's listed rows, so that each load of a row (of y, or of dy) feeds 16 FMAs. The forward holds W^T's 4 rows and
-// adds into y's rows in place; the weight gradient holds 4 columns of dW^T and adds each listed row of dy. Listed row
-// by row instead, with a row's 128 outputs in registers, each listed element cost 8 loads for 8 FMAs, and the loads
-// set the pace: 1.2x the forward's time and 1.3x the gradient's on MNIST (Zen 4), although the groups' FMAs are 1.48x
-// as many, their background elements included. W is transposed once per call into scratch (with its row sums) and
+// group's listed rows, so that each load of a row (of y's sums, or of dy) feeds 16 FMAs. The forward holds W^T's 4
+// rows and adds into the sums of y's rows; the weight gradient holds 4 columns of dW^T and adds each listed row of dy.
+// On several threads each thread lists its share of x's rows and takes a share of the outputs. Listed row by row
+// instead, with a row's 128 outputs in registers, each listed element cost 8 loads for 8 FMAs, and the loads set the
+// pace: 1.2x the forward's time and 1.3x the gradient's on MNIST (Zen 4), although the groups' FMAs are 1.48x as
+// many, their background elements included. W is transposed once per call into scratch (with its row sums) and
 // dW^T transposed into dW, 16 x 16 in registers (gemm_pack.hpp's transpose_16x16, which the AMX path packs with).
 #pragma once
 
@@ -377,8 +378,8 @@ inline void sparse_input_forward_part(std::span<const sparse_input* const> parts
   const index_t ld_acc = (width / 16) % 2 == 0 ? width + 16 : width;  // an odd number of cache lines
   float* const acc = static_cast<float*>(
       partial_sums_scratch().reserve(static_cast<std::size_t>(rows * ld_acc) * sizeof(float)));
-  // Every row starts at the background's share, c times W's row sums; the groups then add their listed rows' terms
-  // in place, and the epilogue runs last.
+  // Every row's sums start at the background's share, c times W's row sums; the groups then add their listed rows'
+  // terms, and the epilogue writes y.
   const __m512 background = _mm512_set1_ps(last.background);
   for (index_t i = 0; i < rows; ++i)
     for (index_t o = 0; o < width; o += 16)
