@@ -1,8 +1,8 @@
-// How fast two cores reach each other's caches: a thread pinned to core 0 and one pinned to core 1 pass one cache
-// line back and forth (each waits for the other's write, then writes), and then two OpenMP threads meet at barriers,
-// once a round. A step split over two threads moves data and meets at barriers between the cores many times, where
-// independent work on each core does neither; on this project's shared VMs the round trip went from about 55 ns to
-// 340-510 ns for stretches, and the MNIST MLP's two-thread step from 93-112 to 189-193 us with it
+// How fast two cores reach each other's caches: a thread pinned to the first CPU the process may run on and one pinned
+// to the second pass one cache line back and forth (each waits for the other's write, then writes), and then two OpenMP
+// threads meet at barriers, once a round. A step split over two threads moves data and meets at barriers between the
+// cores many times, where independent work on each core does neither; on this project's shared VMs the round trip went
+// from about 55 ns to 340-510 ns for stretches, and the MNIST MLP's two-thread step from 93-112 to 189-193 us with it
 // (bench/RESULTS.md), while one thread's step and two independent copies kept their speed.
 //
 //   core_link [--rounds 10] [--trips 20000] [--pause-ms 700]
@@ -10,19 +10,17 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
 
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
 
 #include "../examples/common.hpp"
+#include "cpu_pinning.hpp"
 
 using namespace kiln;
 
@@ -30,44 +28,30 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// Pins the calling thread to `core`; false where the system does not let it.
-bool pin_to(int core) {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(core, &set);
-  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
-#else
-  (void)core;
-  return false;
-#endif
-}
-
-// Lets the calling thread run on every core again.
-void unpin(int cores) {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c = 0; c < cores; ++c) CPU_SET(c, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-#else
-  (void)cores;
-#endif
-}
-
-// The mean round trip of `trips` passes of one cache line between cores 0 and 1, in ns.
-double round_trip_ns(long long trips, bool& pinned) {
+// The mean round trip of `trips` passes of one cache line between CPUs `first` and `second`, in ns; the calling
+// thread is left pinned to `first`.
+double round_trip_ns(long long trips, int first, int second, const std::vector<int>& cpus) {
   alignas(64) std::atomic<long long> turn{0};
-  std::atomic<bool> partner_pinned{true};
+  std::exception_ptr partner_error;
   std::thread partner([&] {
-    partner_pinned = pin_to(1);
+    // A failed pin is reported after the passes, which run anyway: the calling thread waits on every one of them.
+    try {
+      bench::pin_to(second, cpus, "core_link");
+    } catch (...) {
+      partner_error = std::current_exception();
+    }
     for (long long i = 0; i < trips; ++i) {
       while (turn.load(std::memory_order_acquire) != 2 * i + 1) {
       }
       turn.store(2 * i + 2, std::memory_order_release);
     }
   });
-  pinned = pin_to(0) && pinned;
+  std::exception_ptr own_error;
+  try {
+    bench::pin_to(first, cpus, "core_link");
+  } catch (...) {
+    own_error = std::current_exception();
+  }
   const auto start = clock_type::now();
   for (long long i = 0; i < trips; ++i) {
     turn.store(2 * i + 1, std::memory_order_release);
@@ -76,7 +60,8 @@ double round_trip_ns(long long trips, bool& pinned) {
   }
   const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - start).count() / double(trips);
   partner.join();
-  pinned = pinned && partner_pinned;
+  if (own_error) std::rethrow_exception(own_error);
+  if (partner_error) std::rethrow_exception(partner_error);
   return ns;
 }
 
@@ -108,26 +93,25 @@ int main(int argc, char** argv) try {
   const long long pause_ms = flags.get_int("--pause-ms", 700);
   if (rounds < 1 || trips < 1 || pause_ms < 0)
     throw kiln::error("core_link: --rounds and --trips: expected 1 or more, --pause-ms 0 or more");
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (cores < 2) throw kiln::error("core_link: expected 2 or more cores, found " + std::to_string(cores));
-  std::printf("kiln core_link: cores 0 and 1, %lld rounds %lld ms apart, each %lld round trips of a cache line and "
+  const std::vector<int> cpus = bench::allowed_cpus();
+  if (cpus.size() < 2)
+    throw kiln::error("core_link: expected 2 or more CPUs to run on, found " + std::to_string(cpus.size()));
+  std::printf("kiln core_link: CPUs %d and %d, %lld rounds %lld ms apart, each %lld round trips of a cache line and "
               "%lld two-thread OpenMP barriers\n\n| round | round trip, ns | barrier, ns |\n|---:|---:|---:|\n",
-              rounds, pause_ms, trips, trips);
+              cpus[0], cpus[1], rounds, pause_ms, trips, trips);
   std::vector<double> trip_ns, barrier_times;
-  bool pinned = true;
   for (long long r = 0; r < rounds; ++r) {
-    trip_ns.push_back(round_trip_ns(trips, pinned));
-    unpin(int(cores));
+    trip_ns.push_back(round_trip_ns(trips, cpus[0], cpus[1], cpus));
+    bench::pin_to(-1, cpus, "core_link");
     barrier_times.push_back(barrier_ns(trips));
     std::printf("| %lld | %.0f | %.0f |\n", r, trip_ns.back(), barrier_times.back());
     std::fflush(stdout);
     if (r + 1 < rounds) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   }
-  if (!pinned) std::printf("(the threads could not be pinned: the round trips are between whichever cores ran them)\n");
   std::printf("RESULT bench=core_link round_trip_median_ns=%.1f round_trip_min_ns=%.1f round_trip_max_ns=%.1f "
-              "barrier_median_ns=%.1f pinned=%d\n",
+              "barrier_median_ns=%.1f\n",
               median(trip_ns), *std::min_element(trip_ns.begin(), trip_ns.end()),
-              *std::max_element(trip_ns.begin(), trip_ns.end()), median(barrier_times), int(pinned));
+              *std::max_element(trip_ns.begin(), trip_ns.end()), median(barrier_times));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());

@@ -38,13 +38,12 @@
 #include <barrier>
 #include <chrono>
 #include <cstdio>
-#include <pthread.h>
-#include <sched.h>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../examples/common.hpp"
+#include "cpu_pinning.hpp"
 #include "mnist_nets.hpp"
 #include "kiln/data/data.hpp"
 #include "kiln/kiln.hpp"
@@ -79,28 +78,6 @@ struct mode {
   int cpu;  // the one CPU a one-thread mode is pinned to; -1: not pinned
   bool independent = false;  // `threads` copies trained at once, one thread each
 };
-
-// The CPUs this process may run on, in order.
-std::vector<int> allowed_cpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  return cpus;
-}
-
-// Pins the calling thread to `cpu`, or lets it run on all of `cpus` again (cpu -1).
-void pin_to(int cpu, const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (cpu >= 0) CPU_SET(cpu, &set);
-  else
-    for (int c : cpus) CPU_SET(c, &set);
-  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
-    throw kiln::error("thread_scaling: could not pin the thread to CPU " + std::to_string(cpu));
-}
 
 struct settings {
   std::string workload;
@@ -142,7 +119,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
   // a shared VM do not keep equal speeds, and a one-thread figure from whichever core the thread happened to land on
   // says more about that core than about scaling (a report's round once ran the one-thread mode at 422 us per step on
   // a core slow all through, against 206-233 us in the other rounds).
-  const std::vector<int> cpus = allowed_cpus();
+  const std::vector<int> cpus = bench::allowed_cpus();
   std::vector<mode> modes;
   for (std::size_t c = 0; c < std::min<std::size_t>(cpus.size(), std::size_t(threads)); ++c)
     modes.push_back({"1 thread on CPU " + std::to_string(cpus[c]), 1, false, cpus[c]});
@@ -237,7 +214,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
         const auto run_copy = [&](int c) {
           bool waited = false;
           try {
-            pin_to(cpus[std::size_t(c)], cpus);
+            bench::pin_to(cpus[std::size_t(c)], cpus, "thread_scaling");
             set_num_threads(1);
             waited = true;
             ready.arrive_and_wait();
@@ -261,7 +238,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
           if (!failure.empty()) throw kiln::error("thread_scaling: an independent copy failed: " + failure);
         for (const auto& t : copy_times) these.insert(these.end(), t.begin(), t.end());
       } else {
-        if (pinning) pin_to(modes[m].cpu, cpus);
+        if (pinning) bench::pin_to(modes[m].cpu, cpus, "thread_scaling");
         set_num_threads(modes[m].threads);
         kernels::cpu::set_thread_balancing(modes[m].balanced);
         // Made once: each profiled step writes every part of each of its threads.
@@ -296,7 +273,7 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
     }
   }
   kernels::cpu::set_thread_balancing(restore_balancing);
-  if (pinning) pin_to(-1, cpus);
+  if (pinning) bench::pin_to(-1, cpus, "thread_scaling");
 
   for (std::size_t m = 1; m < modes.size(); ++m)
     for (std::size_t s = 0; s < losses[0].size(); ++s)

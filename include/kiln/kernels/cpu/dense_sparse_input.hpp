@@ -464,12 +464,6 @@ bool dense_sparse_input_applies(index_t batch, index_t in, index_t out) {
 // The sparse-input products behind policy::cpu: each returns false, computing nothing, where the layer's input does
 // not qualify (dense_sparse_input_applies, sparse_input::scan), and the caller then runs the GEMM.
 struct sparse_input_kernels {
-  // The calling thread's listing of an input.
-  static sparse_input& thread_input() {
-    static thread_local sparse_input input;
-    return input;
-  }
-
   // Called by each thread `id` of a team of `team` at once (inside a parallel region it holds a barrier): lists the
   // thread's share of x's rows (batch x in) into parts[id], then returns whether x qualifies, parts[0, team) then its
   // listings in row order. The shares are the ones that a data loader on as many threads copies (data_loader), so
@@ -551,6 +545,12 @@ struct sparse_input_kernels {
   static std::uint64_t next_forward_call() {
     static std::atomic<std::uint64_t> calls{0};
     return calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+
+  // The calling thread's listing of an input.
+  static sparse_input& thread_input() {
+    static thread_local sparse_input input;
+    return input;
   }
 
   // The calling thread's listing of rows [r0, r1) of x: the one tagged `reuse` where the thread holds it for those
