@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -191,13 +192,13 @@ inline bool sparse_input::scan_rows(const float* x, index_t first, index_t count
   if (rows <= 0 || cols <= 0) return false;
   background = background_;
   x += first * ldx;
-  // x^T, transposed 16 x 16 in registers, so that a group's columns are rows read a vector of 16 rows at a time (a
-  // counting sort of row-by-row lists took twice as long: its scattered stores wait on each other). The columns
-  // that pad the last group hold the background and list nothing.
+  // x^T, 16 columns (4 groups) at a time, transposed 16 x 16 in registers, so that a group's columns are rows read a
+  // vector of 16 rows at a time (a counting sort of row-by-row lists took twice as long: its scattered stores wait on
+  // each other). A strip of 16 columns stays in the L1 cache until its groups are listed. The columns that pad the
+  // last group hold the background and list nothing.
+  constexpr index_t strip = 16, groups_per_strip = strip / group;
   const index_t padded = groups * group;
-  float* const t = grow<float>(transposed_, padded * rows);
-  sparse_input_detail::transpose(x, ldx, rows, cols, t, rows, false);
-  std::fill(t + cols * rows, t + padded * rows, background);
+  float* const t = grow<float>(transposed_, strip * rows);
   // A group lists at most `rows` rows past the limit before its check, and compressed vectors are stored whole: 16
   // elements of slack.
   const index_t capacity = limit + rows + 16;
@@ -208,8 +209,13 @@ inline bool sparse_input::scan_rows(const float* x, index_t first, index_t count
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   index_t count = 0;
   for (index_t g = 0; g < groups; ++g) {
+    if (g % groups_per_strip == 0) {
+      const index_t first_column = g * group, width = std::min(strip, cols - first_column);
+      sparse_input_detail::transpose(x + first_column, ldx, rows, width, t, rows, false);
+      std::fill(t + width * rows, t + std::min(strip, padded - first_column) * rows, background);
+    }
     starts[g] = count;
-    const float* columns = t + g * group * rows;
+    const float* columns = t + g % groups_per_strip * group * rows;
     for (index_t j = 0; j < rows; j += 16) {
       const __mmask16 valid = j + 16 <= rows ? __mmask16(0xffff) : __mmask16((1u << (rows - j)) - 1u);
       __m512 v[group];
@@ -351,59 +357,110 @@ inline gemm_detail::gemm_scratch& partial_sums_scratch() {
 
 }  // namespace sparse_input_detail
 
-// Outputs [o0, o1) of every row of y = act(x W^T + bias), x listed by `parts` (rows x in: the listings of
-// consecutive rows of x, in order, together all of them), W (out x in, leading dimension ldw), y (rows x out, leading
-// dimension ldy); o0 and o1 - o0 multiples of 16. The epilogue is the GEMM's (bias added, then the activation). Runs
-// on the calling thread. Each row of y is the same sums whichever parts list x. The sums are made in the thread's own
-// scratch, its rows an odd number of cache lines apart, and y is written once, by the epilogue. Made in y itself, each
-// listed row's additions drew in the cache lines of other threads' outputs beside them (a 64-output part took 2.4x
-// as long on two threads as alone, on MNIST's first layer), and rows 4 KiB apart, as a 1024-output layer's are, all
-// fell in the same few sets of the L1 cache (the forward of 256 x 784 -> 1024 took 1.5x the GEMM's time on one
-// thread; Zen 4).
-inline void sparse_input_forward_part(std::span<const sparse_input* const> parts, const float* w, index_t ldw,
-                                      const float* bias, activation act, float slope, float* y, index_t ldy,
-                                      index_t o0, index_t o1) {
+// One thread's outputs [o0, o1) of the forward, y = act(x W^T + bias), in three steps, so that a thread can start on
+// the rows it listed itself while other threads are still listing theirs: the constructor needs nothing of the
+// listing but x's shape and background (it transposes W's rows [o0, o1) and starts every row's sums at the
+// background's share, c times W's row sums), add takes one listing's terms, finish runs the epilogue (the GEMM's: bias
+// added, then the activation) and writes y. The listings may come in any order: each covers rows of its own, and a
+// row's sums take its listing's groups in order, so every row of y is the same sums whichever parts list x and in
+// whatever order they are added. o0 and o1 - o0 are multiples of 16. The sums are made in the calling thread's
+// scratch, its rows an odd number of cache lines apart, and y is written once, by finish: one object per thread at a
+// time. Made in y itself, each listed row's additions drew in the cache lines of other threads' outputs beside them (a
+// 64-output part took 2.4x as long on two threads as alone, on MNIST's first layer), and rows 4 KiB apart, as a
+// 1024-output layer's are, all fell in the same few sets of the L1 cache (the forward of 256 x 784 -> 1024 took 1.5x
+// the GEMM's time on one thread; Zen 4).
+class sparse_input_forward_sums {
+ public:
+  // W (out x in, leading dimension ldw); x has `rows` rows, listed against `background`.
+  sparse_input_forward_sums(const float* w, index_t ldw, index_t in, index_t rows, float background, index_t o0,
+                            index_t o1);
+  // Adds the terms of the rows that `part` lists (its listing of x, against the background given above).
+  void add(const sparse_input& part) const;
+  // y (rows x out, leading dimension ldy): its outputs [o0, o1) of every row.
+  void finish(const float* bias, activation act, float slope, float* y, index_t ldy) const;
+
+ private:
+  float* w_t_ = nullptr;  // W's rows [o0, o1) transposed: padded x width
+  float* acc_ = nullptr;  // the sums: rows x width, leading dimension ld_acc_
+  index_t width_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
+};
+
+inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, index_t ldw, index_t in, index_t rows,
+                                                            float background, index_t o0, index_t o1)
+    : width_(std::max<index_t>(o1 - o0, 0)), rows_(rows), o0_(o0) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
-  const sparse_input& last = *parts.back();
-  const index_t width = o1 - o0, in = last.cols, padded = last.groups * group, rows = last.first_row + last.rows;
-  if (width <= 0) return;
+  if (width_ == 0) return;
+  const index_t width = width_, padded = (in + group - 1) / group * group;
   // W's rows [o0, o1) transposed (in x width, then zeros for the columns that pad the last group), then their sums
   // over the inputs, in input order.
-  float* const w_t = static_cast<float*>(
+  w_t_ = static_cast<float*>(
       transposed_scratch().reserve(static_cast<std::size_t>((padded + 1) * width) * sizeof(float)));
-  float* const sums = w_t + padded * width;
-  transpose_with_row_sums(w + o0 * ldw, ldw, width, in, w_t, width, sums);
-  std::fill(w_t + in * width, w_t + padded * width, 0.0f);
-  const index_t ld_acc = (width / 16) % 2 == 0 ? width + 16 : width;  // an odd number of cache lines
-  float* const acc = static_cast<float*>(
-      partial_sums_scratch().reserve(static_cast<std::size_t>(rows * ld_acc) * sizeof(float)));
-  // Every row's sums start at the background's share, c times W's row sums; the groups then add their listed rows'
-  // terms, and the epilogue writes y.
-  const __m512 background = _mm512_set1_ps(last.background);
+  float* const sums = w_t_ + padded * width;
+  transpose_with_row_sums(w + o0 * ldw, ldw, width, in, w_t_, width, sums);
+  std::fill(w_t_ + in * width, w_t_ + padded * width, 0.0f);
+  ld_acc_ = (width / 16) % 2 == 0 ? width + 16 : width;  // an odd number of cache lines
+  acc_ = static_cast<float*>(
+      partial_sums_scratch().reserve(static_cast<std::size_t>(rows * ld_acc_) * sizeof(float)));
+  const __m512 c = _mm512_set1_ps(background);
   for (index_t i = 0; i < rows; ++i)
     for (index_t o = 0; o < width; o += 16)
-      _mm512_storeu_ps(acc + i * ld_acc + o, _mm512_mul_ps(background, _mm512_loadu_ps(sums + o)));
-  for (index_t o = 0; o < width; o += 16 * max_vectors) {
-    const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
-    const gemm_detail::tile_epilogue<float> tile{1.0f, 0.0f, bias ? bias + o0 + o : nullptr, act, slope, true, true};
+      _mm512_storeu_ps(acc_ + i * ld_acc_ + o, _mm512_mul_ps(c, _mm512_loadu_ps(sums + o)));
+#else
+  (void)w, (void)ldw, (void)in, (void)background;
+#endif
+}
+
+inline void sparse_input_forward_sums::add(const sparse_input& part) const {
+#if defined(__AVX512F__)
+  using namespace sparse_input_detail;
+  float* const acc = acc_ + part.first_row * ld_acc_;
+  for (index_t o = 0; o < width_; o += 16 * max_vectors) {
+    const int vectors = int(std::min<index_t>(max_vectors, (width_ - o) / 16));
     with_vectors(vectors, [&]<int V>() {
-      for (const sparse_input* part : parts)
-        for (index_t g = 0; g < part->groups; ++g)
-          forward_group<V>(w_t + g * group * width + o, width, part->row, part->value, part->start[g],
-                           part->start[g + 1] - part->start[g], acc + part->first_row * ld_acc + o, ld_acc);
-      for (index_t i = 0; i < rows; ++i) {
-        const float* const made = acc + i * ld_acc + o;
+      for (index_t g = 0; g < part.groups; ++g)
+        forward_group<V>(w_t_ + g * group * width_ + o, width_, part.row, part.value, part.start[g],
+                         part.start[g + 1] - part.start[g], acc + o, ld_acc_);
+    });
+  }
+#else
+  (void)part;
+#endif
+}
+
+inline void sparse_input_forward_sums::finish(const float* bias, activation act, float slope, float* y,
+                                              index_t ldy) const {
+#if defined(__AVX512F__)
+  using namespace sparse_input_detail;
+  for (index_t o = 0; o < width_; o += 16 * max_vectors) {
+    const int vectors = int(std::min<index_t>(max_vectors, (width_ - o) / 16));
+    const gemm_detail::tile_epilogue<float> tile{1.0f, 0.0f, bias ? bias + o0_ + o : nullptr, act, slope, true, true};
+    with_vectors(vectors, [&]<int V>() {
+      for (index_t i = 0; i < rows_; ++i) {
+        const float* const made = acc_ + i * ld_acc_ + o;
         __m512 sum[1][V];
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) sum[0][v] = _mm512_loadu_ps(made + 16 * v);
-        gemm_detail::store_tile<float, 1, V>(sum, y + i * ldy + o0 + o, 0, 16 * V, tile);
+        gemm_detail::store_tile<float, 1, V>(sum, y + i * ldy + o0_ + o, 0, 16 * V, tile);
       }
     });
   }
 #else
-  (void)parts, (void)w, (void)ldw, (void)bias, (void)act, (void)slope, (void)y, (void)ldy, (void)o0, (void)o1;
+  (void)bias, (void)act, (void)slope, (void)y, (void)ldy;
 #endif
+}
+
+// Outputs [o0, o1) of every row of y = act(x W^T + bias), x listed by `parts` (rows x in: the listings of
+// consecutive rows of x, in order, together all of them), W (out x in, leading dimension ldw), y (rows x out, leading
+// dimension ldy): sparse_input_forward_sums' three steps in a row, on the calling thread.
+inline void sparse_input_forward_part(std::span<const sparse_input* const> parts, const float* w, index_t ldw,
+                                      const float* bias, activation act, float slope, float* y, index_t ldy,
+                                      index_t o0, index_t o1) {
+  const sparse_input& last = *parts.back();
+  if (o1 <= o0) return;
+  const sparse_input_forward_sums sums(w, ldw, last.cols, last.first_row + last.rows, last.background, o0, o1);
+  for (const sparse_input* part : parts) sums.add(*part);
+  sums.finish(bias, act, slope, y, ldy);
 }
 
 // The same, x listed whole by s.
@@ -466,28 +523,46 @@ bool dense_sparse_input_applies(index_t batch, index_t in, index_t out) {
 struct sparse_input_kernels {
   // Called by each thread `id` of a team of `team` at once (inside a parallel region it holds a barrier): lists the
   // thread's share of x's rows (batch x in) into parts[id], then returns whether x qualifies, parts[0, team) then its
-  // listings in row order. The shares are the ones that a data loader on as many threads copies (data_loader), so
-  // each thread lists rows in its own core's cache, and each then walks every thread's listing. (Each thread listing
-  // the whole of x took twice as long as its share on two threads, half of x coming from the other core's cache; one
-  // listing shared out left the two-thread step 1.4x as fast as one thread's, each thread waiting on all of the other's
-  // lists.) The answer is the same on every thread and for every team: the shares' entries add up to the whole's.
-  // `tag` and `reuse` as thread_listing's.
+  // listings in row order: list_share, a barrier, shares_qualify. `tag` and `reuse` as thread_listing's.
   static bool list_shares(const float* x, index_t batch, index_t in, int id, int team, const sparse_input** parts,
                           std::uint64_t tag = 0, std::uint64_t reuse = 0) {
-    const bool valid = batch >= team && in > 0 && std::isfinite(x[0]);
-    const index_t limit = sparse_input::work_limit(batch, in);
-    const thread_split shares = thread_split::equal(team);
-    parts[id] = valid ? thread_listing(x, shares.begin(batch, id), shares.end(batch, id), in, limit, tag, reuse)
-                      : nullptr;
+    parts[id] = list_share(x, batch, in, id, team, tag, reuse);
     if (team > 1) {
 #pragma omp barrier
     }
+    return shares_qualify(batch, in, team, parts);
+  }
+
+  // Thread `id` of `team`'s listing of its share of x's rows, null where the share lists more than the whole input
+  // may (or x's first element is not finite). The shares are the ones that a data loader on as many threads copies
+  // (data_loader), so each thread lists rows in its own core's cache, and each then walks every thread's listing.
+  // (Each thread listing the whole of x took twice as long as its share on two threads, half of x coming from the
+  // other core's cache; one listing shared out left the two-thread step 1.4x as fast as one thread's, each thread
+  // waiting on all of the other's lists.)
+  static const sparse_input* list_share(const float* x, index_t batch, index_t in, int id, int team,
+                                        std::uint64_t tag = 0, std::uint64_t reuse = 0) {
+    if (batch < team || in <= 0 || !std::isfinite(x[0])) return nullptr;
+    const thread_split shares = thread_split::equal(team);
+    return thread_listing(x, shares.begin(batch, id), shares.end(batch, id), in, sparse_input::work_limit(batch, in),
+                          tag, reuse);
+  }
+
+  // Whether x (batch x in) qualifies, once every thread of the team has listed its share into parts[0, team): the
+  // shares' entries add up to the whole's, so the answer is the same on every thread and for every team.
+  static bool shares_qualify(index_t batch, index_t in, int team, const sparse_input* const* parts) {
     index_t entries = 0;
     for (int k = 0; k < team; ++k) {
       if (!parts[k]) return false;
       entries += parts[k]->entries;
     }
-    return entries <= limit;
+    return entries <= sparse_input::work_limit(batch, in);
+  }
+
+  // Whether a share listed by list_share is within its rows' part of the whole input's limit: then its thread may
+  // start the products on it before the other shares are listed, since the whole is then most likely to qualify (an
+  // input whose shares all pass qualifies). A share past it waits for the answer, which is then more likely no.
+  static bool share_within_its_part(const sparse_input& share, index_t batch, index_t in) {
+    return double(share.entries) * double(batch) <= double(sparse_input::work_limit(batch, in)) * double(share.rows);
   }
 
   // y = act(x W^T + bias) for x (batch x in), W (out x in), y (batch x out), all contiguous.
@@ -498,10 +573,26 @@ struct sparse_input_kernels {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
       const std::uint64_t call = next_forward_call();
       last_forward() = {x, batch, in, call};
-      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1) {
-        sparse_input_forward_part(parts, weight, in, bias, act, slope, y, out, o0, o1);
+      // W's rows are transposed, and the thread's own rows added where they are within their part of the limit,
+      // before the other threads' listings are waited for.
+      struct started {
+        sparse_input_forward_sums sums;
+        const sparse_input* added;
       };
-      return listed_then_over_outputs(x, batch, in, out, call, 0, part);
+      const auto start = [&](const sparse_input& own, index_t o0, index_t o1) {
+        started s{sparse_input_forward_sums(weight, in, in, batch, x[0], o0, o1), nullptr};
+        if (share_within_its_part(own, batch, in)) {
+          s.sums.add(own);
+          s.added = &own;
+        }
+        return s;
+      };
+      const auto finish = [&](const started& s, std::span<const sparse_input* const> parts, index_t, index_t) {
+        for (const sparse_input* part : parts)
+          if (part != s.added) s.sums.add(*part);
+        s.sums.finish(bias, act, slope, y, out);
+      };
+      return listed_then_over_outputs(x, batch, in, out, call, 0, start, finish);
     }
     (void)x, (void)weight, (void)bias, (void)y, (void)batch, (void)in, (void)out, (void)act, (void)slope;
     return false;
@@ -520,10 +611,12 @@ struct sparse_input_kernels {
       const std::uint64_t reuse = input_as_in_forward && last.x == x && last.batch == batch && last.in == in
                                       ? last.call
                                       : 0;
-      const auto part = [&](std::span<const sparse_input* const> parts, index_t o0, index_t o1) {
+      // Nothing to start on: every row's terms are added in row order, whichever thread listed them.
+      const auto start = [](const sparse_input&, index_t, index_t) { return 0; };
+      const auto part = [&](int, std::span<const sparse_input* const> parts, index_t o0, index_t o1) {
         sparse_input_weight_gradient_part(parts, dy, out, dweight, in, accumulate, o0, o1);
       };
-      return listed_then_over_outputs(x, batch, in, out, 0, reuse, part);
+      return listed_then_over_outputs(x, batch, in, out, 0, reuse, start, part);
     }
     (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate, (void)input_as_in_forward;
     return false;
@@ -565,32 +658,40 @@ struct sparse_input_kernels {
     return &s;
   }
 
-  // Lists x, then, where it qualifies, runs body(parts, o0, o1) over the outputs in tiles of 16 (parts as
-  // list_shares leaves them), on one parallel region's threads where there are several. Returns whether x qualified.
-  template <class Body>
+  // Lists x, then, where it qualifies, runs the products over the outputs in tiles of 16, on one parallel region's
+  // threads where there are several. Each thread with outputs [o0, o1) to compute calls start(own, o0, o1) on its own
+  // listing before waiting for the other threads' (where it listed its share), then, where x qualifies,
+  // finish(started, parts, o0, o1) with start's result and parts as list_shares leaves them. Returns whether x
+  // qualified.
+  template <class Start, class Finish>
   static bool listed_then_over_outputs(const float* x, index_t batch, index_t in, index_t out, std::uint64_t tag,
-                                       std::uint64_t reuse, Body&& body) {
+                                       std::uint64_t reuse, Start&& start, Finish&& finish) {
     const index_t tiles = out / 16;
     const int threads = int(std::min<index_t>({num_threads(), tiles, batch, thread_split::max_threads}));
     const sparse_input* parts[thread_split::max_threads] = {};
     if (threads <= 1) {
-      if (!list_shares(x, batch, in, 0, 1, parts, tag, reuse)) return false;
-      body(std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
+      parts[0] = list_share(x, batch, in, 0, 1, tag, reuse);
+      if (!shares_qualify(batch, in, 1, parts)) return false;
+      finish(start(*parts[0], index_t{0}, out), std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
       return true;
     }
 #if defined(_OPENMP)
-    static thread_balance balance;  // one per call site: Body is each caller's own lambda
+    static thread_balance balance;  // one per call site: Start and Finish are each caller's own lambdas
     const thread_split split = balance.split(threads, tiles, 1);
     bool qualified = false;
     run_clock clock;
 #pragma omp parallel num_threads(threads)
     {
       const int team = omp_get_num_threads(), id = omp_get_thread_num();
-      const bool listed = list_shares(x, batch, in, id, team, parts, tag, reuse);
       const thread_split mine = split.over(team);
-      const index_t first = mine.begin(tiles, id), end = mine.end(tiles, id);
-      if (listed && first < end)
-        body(std::span<const sparse_input* const>(parts, std::size_t(team)), first * 16, end * 16);
+      const index_t o0 = mine.begin(tiles, id) * 16, o1 = mine.end(tiles, id) * 16;
+      const sparse_input* const own = parts[id] = list_share(x, batch, in, id, team, tag, reuse);
+      using started_type = decltype(start(*own, o0, o1));
+      std::optional<started_type> started;
+      if (own && o0 < o1) started.emplace(start(*own, o0, o1));
+#pragma omp barrier
+      const bool listed = shares_qualify(batch, in, team, parts);
+      if (listed && started) finish(*started, std::span<const sparse_input* const>(parts, std::size_t(team)), o0, o1);
       if (id == 0) qualified = listed;
       clock.finish(id, team);
     }

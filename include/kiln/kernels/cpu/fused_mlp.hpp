@@ -23,6 +23,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "kiln/core/config.hpp"
@@ -266,17 +267,36 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // An input mostly of one value (MNIST's blank pixels) takes the sparse-input products, as Dense's forward and
   // backward take them (dense_sparse_input.hpp), where `listings` is given: each thread lists its share of the
   // batch's rows into listings[id], once for the forward and W1's gradient both, and walks every thread's listing
-  // (the same answer on every thread).
-  const bool sparse = listings && sparse_input_kernels::list_shares(a.x, batch, in, id, team, listings);
-  const std::span<const sparse_input* const> parts(listings, sparse ? std::size_t(team) : 0);
+  // (the same answer on every thread). Before waiting for the other threads' listings, it transposes its rows of W1
+  // and adds the terms of its own rows (sparse_input_forward_sums).
+  if (listings) listings[id] = sparse_input_kernels::list_share(a.x, batch, in, id, team);
+  const sparse_input* const own = listings ? listings[id] : nullptr;
   // The listing is an equal share of the rows on every thread, whatever the split of the units: not the balance's to
   // learn from, nor the wait for the other threads' shares.
   const auto units_start = clock::now();
-  if (sparse)
-    sparse_input_forward_part(parts, a.w1.value, in, a.b1.value, activation::relu, 0.0f, h, hidden, u0, u1);
-  else
+  std::optional<sparse_input_forward_sums> sums;
+  const sparse_input* added = nullptr;
+  if (own && u0 < u1) {
+    sums.emplace(a.w1.value, in, in, batch, a.x[0], u0, u1);
+    if (sparse_input_kernels::share_within_its_part(*own, batch, in)) sums->add(*(added = own));
+  }
+  const auto units_wait = clock::now();
+  if (listings && team > 1) {
+#pragma omp barrier
+  }
+  const auto units_resume = clock::now();
+  const bool sparse = listings && sparse_input_kernels::shares_qualify(batch, in, team, listings);
+  const std::span<const sparse_input* const> parts(listings, sparse ? std::size_t(team) : 0);
+  if (sparse) {
+    if (sums) {
+      for (const sparse_input* part : parts)
+        if (part != added) sums->add(*part);
+      sums->finish(a.b1.value, activation::relu, 0.0f, h, hidden);
+    }
+  } else {
     product_part(false, true, batch, hidden, in, a.x, in, a.w1.value, in, h, hidden, 0, batch, u0, u1,
                  {a.b1.value, activation::relu, 0.0f}, a.precision, double(id) / double(team));
+  }
   const auto forward_end = clock::now();
   part_done(fused_mlp_parts::forward);
 #pragma omp barrier
@@ -329,7 +349,9 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   adam_range(a.w1, u0 * in, u1 * in, a.adam);
   adam_range(a.b1, u0, u1, a.adam);
   part_done(fused_mlp_parts::w1_update);
-  busy_seconds = std::chrono::duration<double>(forward_end - units_start + (clock::now() - own_start)).count();
+  busy_seconds = std::chrono::duration<double>((units_wait - units_start) + (forward_end - units_resume) +
+                                               (clock::now() - own_start))
+                     .count();
   return loss;
 }
 
