@@ -375,9 +375,9 @@ class sparse_input_forward_sums {
   sparse_input_forward_sums(const float* w, index_t ldw, index_t in, index_t rows, float background, index_t o0,
                             index_t o1);
   // Adds the terms of the rows that `part` lists (its listing of x, against the background given above).
-  void add(const sparse_input& part) const;
+  void add(const sparse_input& part);
   // y (rows x out, leading dimension ldy): its outputs [o0, o1) of every row.
-  void finish(const float* bias, activation act, float slope, float* y, index_t ldy) const;
+  void finish(const float* bias, activation act, float slope, float* y, index_t ldy);
 
  private:
   float* w_t_ = nullptr;  // W's rows [o0, o1) transposed: padded x width
@@ -411,7 +411,7 @@ inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, inde
 #endif
 }
 
-inline void sparse_input_forward_sums::add(const sparse_input& part) const {
+inline void sparse_input_forward_sums::add(const sparse_input& part) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   float* const acc = acc_ + part.first_row * ld_acc_;
@@ -429,7 +429,7 @@ inline void sparse_input_forward_sums::add(const sparse_input& part) const {
 }
 
 inline void sparse_input_forward_sums::finish(const float* bias, activation act, float slope, float* y,
-                                              index_t ldy) const {
+                                              index_t ldy) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   for (index_t o = 0; o < width_; o += 16 * max_vectors) {
@@ -458,7 +458,7 @@ inline void sparse_input_forward_part(std::span<const sparse_input* const> parts
                                       index_t o0, index_t o1) {
   const sparse_input& last = *parts.back();
   if (o1 <= o0) return;
-  const sparse_input_forward_sums sums(w, ldw, last.cols, last.first_row + last.rows, last.background, o0, o1);
+  sparse_input_forward_sums sums(w, ldw, last.cols, last.first_row + last.rows, last.background, o0, o1);
   for (const sparse_input* part : parts) sums.add(*part);
   sums.finish(bias, act, slope, y, ldy);
 }
@@ -587,7 +587,7 @@ struct sparse_input_kernels {
         }
         return s;
       };
-      const auto finish = [&](const started& s, std::span<const sparse_input* const> parts, index_t, index_t) {
+      const auto finish = [&](started& s, std::span<const sparse_input* const> parts, index_t, index_t) {
         for (const sparse_input* part : parts)
           if (part != s.added) s.sums.add(*part);
         s.sums.finish(bias, act, slope, y, out);
@@ -672,7 +672,8 @@ struct sparse_input_kernels {
     if (threads <= 1) {
       parts[0] = list_share(x, batch, in, 0, 1, tag, reuse);
       if (!shares_qualify(batch, in, 1, parts)) return false;
-      finish(start(*parts[0], index_t{0}, out), std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
+      auto started = start(*parts[0], index_t{0}, out);
+      finish(started, std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
       return true;
     }
 #if defined(_OPENMP)
