@@ -376,18 +376,25 @@ class sparse_input_forward_sums {
                             index_t o1);
   // Adds the terms of the rows that `part` lists (its listing of x, against the background given above).
   void add(const sparse_input& part);
+  // The calling thread's own share of x, listed before the other threads' are ready: added now where it is within
+  // its rows' part of the whole input's limit, since the whole then most likely qualifies (an input whose shares all
+  // pass qualifies); a share past it waits for the answer, which is then more likely no. add_rest skips it.
+  void add_first(const sparse_input& own);
+  // Adds every part but the one add_first added.
+  void add_rest(std::span<const sparse_input* const> parts);
   // y (rows x out, leading dimension ldy): its outputs [o0, o1) of every row.
   void finish(const float* bias, activation act, float slope, float* y, index_t ldy);
 
  private:
   float* w_t_ = nullptr;  // W's rows [o0, o1) transposed: padded x width
   float* acc_ = nullptr;  // the sums: rows x width, leading dimension ld_acc_
-  index_t width_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
+  const sparse_input* added_first_ = nullptr;
+  index_t width_ = 0, in_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
 };
 
 inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, index_t ldw, index_t in, index_t rows,
                                                             float background, index_t o0, index_t o1)
-    : width_(std::max<index_t>(o1 - o0, 0)), rows_(rows), o0_(o0) {
+    : width_(std::max<index_t>(o1 - o0, 0)), in_(in), rows_(rows), o0_(o0) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   if (width_ == 0) return;
@@ -428,6 +435,17 @@ inline void sparse_input_forward_sums::add(const sparse_input& part) {
 #endif
 }
 
+inline void sparse_input_forward_sums::add_first(const sparse_input& own) {
+  if (double(own.entries) * double(rows_) > double(sparse_input::work_limit(rows_, in_)) * double(own.rows)) return;
+  add(own);
+  added_first_ = &own;
+}
+
+inline void sparse_input_forward_sums::add_rest(std::span<const sparse_input* const> parts) {
+  for (const sparse_input* part : parts)
+    if (part != added_first_) add(*part);
+}
+
 inline void sparse_input_forward_sums::finish(const float* bias, activation act, float slope, float* y,
                                               index_t ldy) {
 #if defined(__AVX512F__)
@@ -459,7 +477,7 @@ inline void sparse_input_forward_part(std::span<const sparse_input* const> parts
   const sparse_input& last = *parts.back();
   if (o1 <= o0) return;
   sparse_input_forward_sums sums(w, ldw, last.cols, last.first_row + last.rows, last.background, o0, o1);
-  for (const sparse_input* part : parts) sums.add(*part);
+  sums.add_rest(parts);
   sums.finish(bias, act, slope, y, ldy);
 }
 
@@ -558,13 +576,6 @@ struct sparse_input_kernels {
     return entries <= sparse_input::work_limit(batch, in);
   }
 
-  // Whether a share listed by list_share is within its rows' part of the whole input's limit: then its thread may
-  // start the products on it before the other shares are listed, since the whole is then most likely to qualify (an
-  // input whose shares all pass qualifies). A share past it waits for the answer, which is then more likely no.
-  static bool share_within_its_part(const sparse_input& share, index_t batch, index_t in) {
-    return double(share.entries) * double(batch) <= double(sparse_input::work_limit(batch, in)) * double(share.rows);
-  }
-
   // y = act(x W^T + bias) for x (batch x in), W (out x in), y (batch x out), all contiguous.
   template <class T>
   static bool dense_forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in,
@@ -573,24 +584,17 @@ struct sparse_input_kernels {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
       const std::uint64_t call = next_forward_call();
       last_forward() = {x, batch, in, call};
-      // W's rows are transposed, and the thread's own rows added where they are within their part of the limit,
-      // before the other threads' listings are waited for.
-      struct started {
-        sparse_input_forward_sums sums;
-        const sparse_input* added;
-      };
+      // W's rows are transposed, and the thread's own rows added (add_first), before the other threads' listings
+      // are waited for.
       const auto start = [&](const sparse_input& own, index_t o0, index_t o1) {
-        started s{sparse_input_forward_sums(weight, in, in, batch, x[0], o0, o1), nullptr};
-        if (share_within_its_part(own, batch, in)) {
-          s.sums.add(own);
-          s.added = &own;
-        }
-        return s;
+        sparse_input_forward_sums sums(weight, in, in, batch, x[0], o0, o1);
+        sums.add_first(own);
+        return sums;
       };
-      const auto finish = [&](started& s, std::span<const sparse_input* const> parts, index_t, index_t) {
-        for (const sparse_input* part : parts)
-          if (part != s.added) s.sums.add(*part);
-        s.sums.finish(bias, act, slope, y, out);
+      const auto finish = [&](sparse_input_forward_sums& sums, std::span<const sparse_input* const> parts, index_t,
+                              index_t) {
+        sums.add_rest(parts);
+        sums.finish(bias, act, slope, y, out);
       };
       return listed_then_over_outputs(x, batch, in, out, call, 0, start, finish);
     }

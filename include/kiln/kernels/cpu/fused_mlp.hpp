@@ -275,10 +275,9 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // learn from, nor the wait for the other threads' shares.
   const auto units_start = clock::now();
   std::optional<sparse_input_forward_sums> sums;
-  const sparse_input* added = nullptr;
   if (own && u0 < u1) {
     sums.emplace(a.w1.value, in, in, batch, a.x[0], u0, u1);
-    if (sparse_input_kernels::share_within_its_part(*own, batch, in)) sums->add(*(added = own));
+    sums->add_first(*own);
   }
   const auto units_wait = clock::now();
   if (listings && team > 1) {
@@ -289,8 +288,7 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   const std::span<const sparse_input* const> parts(listings, sparse ? std::size_t(team) : 0);
   if (sparse) {
     if (sums) {
-      for (const sparse_input* part : parts)
-        if (part != added) sums->add(*part);
+      sums->add_rest(parts);
       sums->finish(a.b1.value, activation::relu, 0.0f, h, hidden);
     }
   } else {
