@@ -30,8 +30,14 @@ inline void pin_to(int cpu, const std::vector<int>& cpus, const char* program) {
   if (cpu >= 0) CPU_SET(cpu, &set);
   else
     for (int c : cpus) CPU_SET(c, &set);
-  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) != 0)
-    throw kiln::error(std::string(program) + ": could not pin the thread to CPU " + std::to_string(cpu));
+  if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0) return;
+  if (cpu >= 0) throw kiln::error(std::string(program) + ": could not pin the thread to CPU " + std::to_string(cpu));
+  std::string listed;
+  for (int c : cpus) {
+    if (!listed.empty()) listed += ',';
+    listed += std::to_string(c);
+  }
+  throw kiln::error(std::string(program) + ": could not let the thread run on CPUs " + listed + " again");
 }
 
 }  // namespace kiln::bench

@@ -21,8 +21,9 @@
 // On several threads each thread lists its share of x's rows and takes a share of the outputs. Listed row by row
 // instead, with a row's 128 outputs in registers, each listed element cost 8 loads for 8 FMAs, and the loads set the
 // pace: 1.2x the forward's time and 1.3x the gradient's on MNIST (Zen 4), although the groups' FMAs are 1.48x as
-// many, their background elements included. W is transposed once per call into scratch (with its row sums) and
-// dW^T transposed into dW, 16 x 16 in registers (gemm_pack.hpp's transpose_16x16, which the AMX path packs with).
+// many, their background elements included. Both take x's columns a strip of 16 at a time, W's rows transposed into
+// W^T's (with W's row sums) and dW^T's transposed into dW's one strip at a time in an L1-sized buffer, 16 x 16 in
+// registers (gemm_pack.hpp's transpose_16x16, which the AMX path packs with).
 #pragma once
 
 #include <algorithm>
@@ -62,6 +63,9 @@ inline std::atomic<bool>& sparse_allowed() {
 // Output units a pass holds per column: 4 vectors of 16, for the 4 columns of a group (sparse_input::group), 16
 // registers.
 inline constexpr int max_vectors = 4;
+// The products take x's columns a strip of this many (4 groups) at a time: one 16 x 16 transpose tile wide, with
+// W^T's rows (the forward) or dW^T's (the weight gradient) for the strip in an L1-sized buffer.
+inline constexpr index_t strip = 16;
 
 #if defined(__AVX512F__)
 // dst[c * ld_dst + r] = src[r * ld_src + c] (+ dst's value where add) for r < rows, c < cols, both at most 16:
@@ -95,19 +99,6 @@ inline void transpose(const float* src, index_t ld_src, index_t rows, index_t co
                      int(std::min<index_t>(16, cols - j)), dst + j * ld_dst + i, ld_dst, add);
 }
 
-// transpose without add, and sums[r] = the sum of src's row r (rows a multiple of 16), added in column order: the
-// forward's W^T and W's row sums in one pass over W (a second pass over W^T cost half as much again as the
-// transpose).
-inline void transpose_with_row_sums(const float* src, index_t ld_src, index_t rows, index_t cols, float* dst,
-                                    index_t ld_dst, float* sums) {
-  for (index_t i = 0; i < rows; i += 16) {
-    __m512 sum = _mm512_setzero_ps();
-    for (index_t j = 0; j < cols; j += 16)
-      transpose_tile(src + i * ld_src + j, ld_src, 16, int(std::min<index_t>(16, cols - j)), dst + j * ld_dst + i,
-                     ld_dst, false, &sum);
-    _mm512_storeu_ps(sums + i, sum);
-  }
-}
 #endif
 }  // namespace sparse_input_detail
 
@@ -196,7 +187,7 @@ inline bool sparse_input::scan_rows(const float* x, index_t first, index_t count
   // vector of 16 rows at a time (a counting sort of row-by-row lists took twice as long: its scattered stores wait on
   // each other). A strip of 16 columns stays in the L1 cache until its groups are listed. The columns that pad the
   // last group hold the background and list nothing.
-  constexpr index_t strip = 16, groups_per_strip = strip / group;
+  constexpr index_t strip = sparse_input_detail::strip, groups_per_strip = strip / group;
   const index_t padded = groups * group;
   float* const t = grow<float>(transposed_, strip * rows);
   // A group lists at most `rows` rows past the limit before its check, and compressed vectors are stored whole: 16
@@ -359,16 +350,23 @@ inline gemm_detail::gemm_scratch& partial_sums_scratch() {
 
 // One thread's outputs [o0, o1) of the forward, y = act(x W^T + bias), in three steps, so that a thread can start on
 // the rows it listed itself while other threads are still listing theirs: the constructor needs nothing of the
-// listing but x's shape and background (it transposes W's rows [o0, o1) and starts every row's sums at the
-// background's share, c times W's row sums), add takes one listing's terms, finish runs the epilogue (the GEMM's: bias
-// added, then the activation) and writes y. The listings may come in any order: each covers rows of its own, and a
-// row's sums take its listing's groups in order, so every row of y is the same sums whichever parts list x and in
-// whatever order they are added. o0 and o1 - o0 are multiples of 16. The sums are made in the calling thread's
-// scratch, its rows an odd number of cache lines apart, and y is written once, by finish: one object per thread at a
-// time. Made in y itself, each listed row's additions drew in the cache lines of other threads' outputs beside them (a
-// 64-output part took 2.4x as long on two threads as alone, on MNIST's first layer), and rows 4 KiB apart, as a
-// 1024-output layer's are, all fell in the same few sets of the L1 cache (the forward of 256 x 784 -> 1024 took 1.5x
-// the GEMM's time on one thread; Zen 4).
+// listing but x's shape and background, add takes one listing's terms, finish adds the background's share (c times
+// W's row sums), runs the epilogue (the GEMM's: bias added, then the activation) and writes y. The listings may come
+// in any order: each covers rows of its own, and a row's sums take its listing's groups in order, so every row of y is
+// the same sums whichever parts list x and in whatever order they are added. o0 and o1 - o0 are multiples of 16.
+//
+// add takes x's columns a strip at a time: it transposes W's rows [o0, o1) over the strip's columns and runs the
+// strip's groups on them (the first add also sums W's rows, in input order). A listing of the whole input uses one
+// L1-sized buffer for every strip: a whole W^T in scratch (in x width) went out to L2 and back, and beside W, its
+// gradient and Adam's moments pushed the step's working set past the L2 cache (on Sapphire Rapids the MNIST MLP's
+// one-thread step went from 153 to 130 us). Listings of shares of the rows (several threads) keep each strip for the
+// next share: transposed again per share, W^T cost each of two threads as much as one thread's whole transpose.
+//
+// The sums are made in the calling thread's scratch, its rows an odd number of cache lines apart, and y is written
+// once, by finish: one object per thread at a time. Made in y itself, each listed row's additions drew in the cache
+// lines of other threads' outputs beside them (a 64-output part took 2.4x as long on two threads as alone, on MNIST's
+// first layer), and rows 4 KiB apart, as a 1024-output layer's are, all fell in the same few sets of the L1 cache (the
+// forward of 256 x 784 -> 1024 took 1.5x the GEMM's time on one thread; Zen 4).
 class sparse_input_forward_sums {
  public:
   // W (out x in, leading dimension ldw); x has `rows` rows, listed against `background`.
@@ -386,50 +384,80 @@ class sparse_input_forward_sums {
   void finish(const float* bias, activation act, float slope, float* y, index_t ldy);
 
  private:
-  float* w_t_ = nullptr;  // W's rows [o0, o1) transposed: padded x width
-  float* acc_ = nullptr;  // the sums: rows x width, leading dimension ld_acc_
+  // Transposes W's rows [o0, o1) over columns [first, first + strip) into `to` (strip x width, zeros past the last
+  // column), adding them to the row sums where `sum`.
+  void transpose_strip(index_t first, float* to, bool sum);
+
+  const float* w_ = nullptr;
+  float* sums_ = nullptr;  // W's row sums: width
+  float* w_t_ = nullptr;   // W^T's strips, strip x width each: only the first for a whole listing, every one for shares
+  float* acc_ = nullptr;   // the sums: rows x width, leading dimension ld_acc_
   const sparse_input* added_first_ = nullptr;
-  index_t width_ = 0, in_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
+  bool summed_ = false, kept_ = false;  // W's row sums made; every strip of W^T kept in w_t_
+  float background_ = 0;
+  index_t width_ = 0, ldw_ = 0, in_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
 };
 
 inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, index_t ldw, index_t in, index_t rows,
                                                             float background, index_t o0, index_t o1)
-    : width_(std::max<index_t>(o1 - o0, 0)), in_(in), rows_(rows), o0_(o0) {
+    : w_(w), background_(background), width_(std::max<index_t>(o1 - o0, 0)), ldw_(ldw), in_(in), rows_(rows),
+      o0_(o0) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   if (width_ == 0) return;
-  const index_t width = width_, padded = (in + group - 1) / group * group;
-  // W's rows [o0, o1) transposed (in x width, then zeros for the columns that pad the last group), then their sums
-  // over the inputs, in input order.
-  w_t_ = static_cast<float*>(
-      transposed_scratch().reserve(static_cast<std::size_t>((padded + 1) * width) * sizeof(float)));
-  float* const sums = w_t_ + padded * width;
-  transpose_with_row_sums(w + o0 * ldw, ldw, width, in, w_t_, width, sums);
-  std::fill(w_t_ + in * width, w_t_ + padded * width, 0.0f);
+  const index_t width = width_, strips = (in + strip - 1) / strip;
+  sums_ = static_cast<float*>(
+      transposed_scratch().reserve(static_cast<std::size_t>((strips * strip + 1) * width) * sizeof(float)));
+  w_t_ = sums_ + width;
   ld_acc_ = (width / 16) % 2 == 0 ? width + 16 : width;  // an odd number of cache lines
   acc_ = static_cast<float*>(
       partial_sums_scratch().reserve(static_cast<std::size_t>(rows * ld_acc_) * sizeof(float)));
-  const __m512 c = _mm512_set1_ps(background);
-  for (index_t i = 0; i < rows; ++i)
-    for (index_t o = 0; o < width; o += 16)
-      _mm512_storeu_ps(acc_ + i * ld_acc_ + o, _mm512_mul_ps(c, _mm512_loadu_ps(sums + o)));
+  for (index_t i = 0; i < rows; ++i) std::fill_n(acc_ + i * ld_acc_, width, 0.0f);
 #else
-  (void)w, (void)ldw, (void)in, (void)background;
+  (void)w, (void)ldw, (void)in, (void)rows, (void)background, (void)o0, (void)o1;
+#endif
+}
+
+inline void sparse_input_forward_sums::transpose_strip(index_t first, float* to, bool sum) {
+#if defined(__AVX512F__)
+  using namespace sparse_input_detail;
+  const index_t columns = std::min(strip, in_ - first);
+  for (index_t i = 0; i < width_; i += 16) {
+    __m512 row_sum = sum && first > 0 ? _mm512_loadu_ps(sums_ + i) : _mm512_setzero_ps();
+    transpose_tile(w_ + (o0_ + i) * ldw_ + first, ldw_, 16, int(columns), to + i, width_, false,
+                   sum ? &row_sum : nullptr);
+    if (sum) _mm512_storeu_ps(sums_ + i, row_sum);
+  }
+  std::fill(to + columns * width_, to + strip * width_, 0.0f);
+#else
+  (void)first, (void)to, (void)sum;
 #endif
 }
 
 inline void sparse_input_forward_sums::add(const sparse_input& part) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
+  if (width_ == 0) return;
   float* const acc = acc_ + part.first_row * ld_acc_;
-  for (index_t o = 0; o < width_; o += 16 * max_vectors) {
-    const int vectors = int(std::min<index_t>(max_vectors, (width_ - o) / 16));
-    with_vectors(vectors, [&]<int V>() {
-      for (index_t g = 0; g < part.groups; ++g)
-        forward_group<V>(w_t_ + g * group * width_ + o, width_, part.row, part.value, part.start[g],
-                         part.start[g + 1] - part.start[g], acc + o, ld_acc_);
-    });
+  const bool whole = part.first_row == 0 && part.rows == rows_, keep = !whole && !kept_;
+  for (index_t first = 0; first < in_; first += strip) {
+    const index_t g0 = first / group, g1 = std::min(part.groups, g0 + strip / group);
+    const bool listed = part.start[g0] < part.start[g1];
+    float* const w_t = whole ? w_t_ : w_t_ + first * width_;
+    // Every strip is transposed once for W's row sums, and kept for the shares still to come.
+    if (!summed_ || keep || (whole && listed)) transpose_strip(first, w_t, !summed_);
+    if (!listed) continue;
+    for (index_t o = 0; o < width_; o += 16 * max_vectors) {
+      const int vectors = int(std::min<index_t>(max_vectors, (width_ - o) / 16));
+      with_vectors(vectors, [&]<int V>() {
+        for (index_t g = g0; g < g1; ++g)
+          forward_group<V>(w_t + (g - g0) * group * width_ + o, width_, part.row, part.value, part.start[g],
+                           part.start[g + 1] - part.start[g], acc + o, ld_acc_);
+      });
+    }
   }
+  summed_ = true;
+  kept_ = kept_ || keep;
 #else
   (void)part;
 #endif
@@ -450,15 +478,24 @@ inline void sparse_input_forward_sums::finish(const float* bias, activation act,
                                               index_t ldy) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
+  if (width_ == 0) return;
+  if (!summed_) {  // no listing was added: the row sums alone
+    for (index_t first = 0; first < in_; first += strip) transpose_strip(first, w_t_, true);
+    summed_ = true;
+  }
+  const __m512 c = _mm512_set1_ps(background_);
   for (index_t o = 0; o < width_; o += 16 * max_vectors) {
     const int vectors = int(std::min<index_t>(max_vectors, (width_ - o) / 16));
     const gemm_detail::tile_epilogue<float> tile{1.0f, 0.0f, bias ? bias + o0_ + o : nullptr, act, slope, true, true};
     with_vectors(vectors, [&]<int V>() {
+      __m512 share[V];  // the background's: c times W's row sums
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) share[v] = _mm512_mul_ps(c, _mm512_loadu_ps(sums_ + o + 16 * v));
       for (index_t i = 0; i < rows_; ++i) {
         const float* const made = acc_ + i * ld_acc_ + o;
         __m512 sum[1][V];
 #pragma GCC unroll 4
-        for (int v = 0; v < V; ++v) sum[0][v] = _mm512_loadu_ps(made + 16 * v);
+        for (int v = 0; v < V; ++v) sum[0][v] = _mm512_add_ps(share[v], _mm512_loadu_ps(made + 16 * v));
         gemm_detail::store_tile<float, 1, V>(sum, y + i * ldy + o0_ + o, 0, 16 * V, tile);
       }
     });
@@ -497,20 +534,27 @@ inline void sparse_input_weight_gradient_part(std::span<const sparse_input* cons
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   const sparse_input& last = *parts.back();
-  const index_t width = o1 - o0, in = last.cols, padded = last.groups * group, rows = last.first_row + last.rows;
+  const index_t width = o1 - o0, in = last.cols, rows = last.first_row + last.rows;
   if (width <= 0) return;
+  // dW^T a strip of `strip` columns of x at a time, transposed into dW while it is in the L1 cache: a whole dW^T in
+  // scratch (in x width) went out to L2 and back, and beside W, its gradient and Adam's moments pushed the step's
+  // working set past the L2 cache (Sapphire Rapids' 2 MiB).
   float* const g_t = static_cast<float*>(
-      transposed_scratch().reserve(static_cast<std::size_t>((padded + 1) * width) * sizeof(float)));
-  float* const sums = g_t + padded * width;
+      transposed_scratch().reserve(static_cast<std::size_t>((strip + 1) * width) * sizeof(float)));
+  float* const sums = g_t + strip * width;
   column_sums(dy + o0, ldy, rows, width, sums);
-  for (index_t o = 0; o < width; o += 16 * max_vectors) {
-    const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
-    with_vectors(vectors, [&]<int V>() {
-      for (index_t g = 0; g < last.groups; ++g)
-        gradient_group<V>(last.background, sums + o, dy + o0 + o, ldy, parts, g, g_t + g * group * width + o, width);
-    });
+  for (index_t first = 0; first < in; first += strip) {
+    const index_t g0 = first / group, g1 = std::min(last.groups, g0 + strip / group);
+    for (index_t o = 0; o < width; o += 16 * max_vectors) {
+      const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
+      with_vectors(vectors, [&]<int V>() {
+        for (index_t g = g0; g < g1; ++g)
+          gradient_group<V>(last.background, sums + o, dy + o0 + o, ldy, parts, g,
+                            g_t + (g - g0) * group * width + o, width);
+      });
+    }
+    transpose(g_t, width, std::min(strip, in - first), width, dw + o0 * ldw + first, ldw, accumulate);
   }
-  transpose(g_t, width, in, width, dw + o0 * ldw, ldw, accumulate);
 #else
   (void)parts, (void)dy, (void)ldy, (void)dw, (void)ldw, (void)accumulate, (void)o0, (void)o1;
 #endif
