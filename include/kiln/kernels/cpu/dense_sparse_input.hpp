@@ -628,8 +628,8 @@ struct sparse_input_kernels {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
       const std::uint64_t call = next_forward_call();
       last_forward() = {x, batch, in, call};
-      // W's rows are transposed, and the thread's own rows added (add_first), before the other threads' listings
-      // are waited for.
+      // The thread's own rows are added (add_first, which transposes W's rows as it goes) before the other threads'
+      // listings are waited for.
       const auto start = [&](const sparse_input& own, index_t o0, index_t o1) {
         sparse_input_forward_sums sums(weight, in, in, batch, x[0], o0, o1);
         sums.add_first(own);

@@ -267,8 +267,9 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // An input mostly of one value (MNIST's blank pixels) takes the sparse-input products, as Dense's forward and
   // backward take them (dense_sparse_input.hpp), where `listings` is given: each thread lists its share of the
   // batch's rows into listings[id], once for the forward and W1's gradient both, and walks every thread's listing
-  // (the same answer on every thread). Before waiting for the other threads' listings, it transposes its rows of W1
-  // and adds the terms of its own rows (sparse_input_forward_sums).
+  // (the same answer on every thread). Before waiting for the other threads' listings, it adds the terms of its own
+  // rows where its share is within its part of the limit, transposing its rows of W1 strip by strip as it goes
+  // (sparse_input_forward_sums::add_first).
   if (listings) listings[id] = sparse_input_kernels::list_share(a.x, batch, in, id, team);
   const sparse_input* const own = listings ? listings[id] : nullptr;
   // The listing is an equal share of the rows on every thread, whatever the split of the units: not the balance's to
