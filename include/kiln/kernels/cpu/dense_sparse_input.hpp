@@ -384,9 +384,9 @@ class sparse_input_forward_sums {
   void finish(const float* bias, activation act, float slope, float* y, index_t ldy);
 
  private:
-  // Transposes W's rows [o0, o1) over columns [first, first + strip) into `to` (strip x width, zeros past the last
-  // column), adding them to the row sums where `sum`.
-  void transpose_strip(index_t first, float* to, bool sum);
+  // Transposes W's rows o0 + [i0, i1) over columns [first, first + strip) into columns [i0, i1) of `to` (strip x
+  // width, zeros past the last column), adding them to the row sums where `sum`.
+  void transpose_strip(index_t first, float* to, bool sum, index_t i0, index_t i1);
 
   const float* w_ = nullptr;
   float* sums_ = nullptr;  // W's row sums: width
@@ -418,19 +418,20 @@ inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, inde
 #endif
 }
 
-inline void sparse_input_forward_sums::transpose_strip(index_t first, float* to, bool sum) {
+inline void sparse_input_forward_sums::transpose_strip(index_t first, float* to, bool sum, index_t i0,
+                                                       index_t i1) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   const index_t columns = std::min(strip, in_ - first);
-  for (index_t i = 0; i < width_; i += 16) {
+  for (index_t i = i0; i < i1; i += 16) {
     __m512 row_sum = sum && first > 0 ? _mm512_loadu_ps(sums_ + i) : _mm512_setzero_ps();
     transpose_tile(w_ + (o0_ + i) * ldw_ + first, ldw_, 16, int(columns), to + i, width_, false,
                    sum ? &row_sum : nullptr);
     if (sum) _mm512_storeu_ps(sums_ + i, row_sum);
   }
-  std::fill(to + columns * width_, to + strip * width_, 0.0f);
+  for (index_t c = columns; c < strip; ++c) std::fill(to + c * width_ + i0, to + c * width_ + i1, 0.0f);
 #else
-  (void)first, (void)to, (void)sum;
+  (void)first, (void)to, (void)sum, (void)i0, (void)i1;
 #endif
 }
 
@@ -440,15 +441,20 @@ inline void sparse_input_forward_sums::add(const sparse_input& part) {
   if (width_ == 0) return;
   float* const acc = acc_ + part.first_row * ld_acc_;
   const bool whole = part.first_row == 0 && part.rows == rows_, keep = !whole && !kept_;
-  for (index_t first = 0; first < in_; first += strip) {
-    const index_t g0 = first / group, g1 = std::min(part.groups, g0 + strip / group);
-    const bool listed = part.start[g0] < part.start[g1];
-    float* const w_t = whole ? w_t_ : w_t_ + first * width_;
-    // Every strip is transposed once for W's row sums, and kept for the shares still to come.
-    if (!summed_ || keep || (whole && listed)) transpose_strip(first, w_t, !summed_);
-    if (!listed) continue;
-    for (index_t o = 0; o < width_; o += 16 * max_vectors) {
-      const int vectors = int(std::min<index_t>(max_vectors, (width_ - o) / 16));
+  // One pass over the strips per block of outputs that a pass holds in registers: the block's sums stay in the L1
+  // cache through the listing. The strips one after the other for all the outputs instead went through 64 rows of
+  // 128 outputs' sums (36 KiB) and the strip's 8 KiB of W^T per strip, past the 48 KiB L1 cache: MNIST's first
+  // layer on one thread took 48.5 us against 43.3 in two blocks of 64 outputs (same sums; Sapphire Rapids).
+  for (index_t o = 0; o < width_; o += 16 * max_vectors) {
+    const index_t o_end = std::min(width_, o + 16 * max_vectors);
+    const int vectors = int((o_end - o) / 16);
+    for (index_t first = 0; first < in_; first += strip) {
+      const index_t g0 = first / group, g1 = std::min(part.groups, g0 + strip / group);
+      const bool listed = part.start[g0] < part.start[g1];
+      float* const w_t = whole ? w_t_ : w_t_ + first * width_;
+      // Every strip is transposed once for W's row sums, and kept for the shares still to come.
+      if (!summed_ || keep || (whole && listed)) transpose_strip(first, w_t, !summed_, o, o_end);
+      if (!listed) continue;
       with_vectors(vectors, [&]<int V>() {
         for (index_t g = g0; g < g1; ++g)
           forward_group<V>(w_t + (g - g0) * group * width_ + o, width_, part.row, part.value, part.start[g],
@@ -480,7 +486,7 @@ inline void sparse_input_forward_sums::finish(const float* bias, activation act,
   using namespace sparse_input_detail;
   if (width_ == 0) return;
   if (!summed_) {  // no listing was added: the row sums alone
-    for (index_t first = 0; first < in_; first += strip) transpose_strip(first, w_t_, true);
+    for (index_t first = 0; first < in_; first += strip) transpose_strip(first, w_t_, true, 0, width_);
     summed_ = true;
   }
   const __m512 c = _mm512_set1_ps(background_);
@@ -543,17 +549,22 @@ inline void sparse_input_weight_gradient_part(std::span<const sparse_input* cons
       transposed_scratch().reserve(static_cast<std::size_t>((strip + 1) * width) * sizeof(float)));
   float* const sums = g_t + strip * width;
   column_sums(dy + o0, ldy, rows, width, sums);
-  for (index_t first = 0; first < in; first += strip) {
-    const index_t g0 = first / group, g1 = std::min(last.groups, g0 + strip / group);
-    for (index_t o = 0; o < width; o += 16 * max_vectors) {
-      const int vectors = int(std::min<index_t>(max_vectors, (width - o) / 16));
+  // A pass over the strips per block of rows of dW that a pass holds in registers, as the forward's sums: each strip
+  // of 128 rows read 64 rows of dy's 128 columns and wrote 8 KiB of dW^T and of dW, past the L1 cache (MNIST's
+  // first layer on one thread: 50.9 us against 43.6 in two blocks of 64 rows; same sums).
+  for (index_t o = 0; o < width; o += 16 * max_vectors) {
+    const index_t o_end = std::min(width, o + 16 * max_vectors);
+    const int vectors = int((o_end - o) / 16);
+    for (index_t first = 0; first < in; first += strip) {
+      const index_t g0 = first / group, g1 = std::min(last.groups, g0 + strip / group);
       with_vectors(vectors, [&]<int V>() {
         for (index_t g = g0; g < g1; ++g)
           gradient_group<V>(last.background, sums + o, dy + o0 + o, ldy, parts, g,
                             g_t + (g - g0) * group * width + o, width);
       });
+      transpose(g_t + o, width, std::min(strip, in - first), o_end - o, dw + (o0 + o) * ldw + first, ldw,
+                accumulate);
     }
-    transpose(g_t, width, std::min(strip, in - first), width, dw + o0 * ldw + first, ldw, accumulate);
   }
 #else
   (void)parts, (void)dy, (void)ldy, (void)dw, (void)ldw, (void)accumulate, (void)o0, (void)o1;
