@@ -337,6 +337,24 @@ KILN_ALWAYS_INLINE void with_vectors(int vectors, F&& f) {
 }
 #endif
 
+// Several threads' listings: the forward asks for each one's entries this many strips ahead of the strip it adds, all
+// at once. Another thread's listing comes from its core's cache, and walked on demand its lines came a few at a time,
+// one round trip between the cores each.
+inline constexpr index_t prefetch_strips = 2;
+
+// Prefetches the entries of groups [g0, g1) of a listing.
+inline void prefetch_entries(const sparse_input& part, index_t g0, index_t g1) {
+  const index_t t0 = part.start[g0], t1 = part.start[g1];
+  if (t0 >= t1) return;
+  const auto lines = [](const void* begin, const void* end) {
+    for (auto at = reinterpret_cast<std::uintptr_t>(begin) & ~std::uintptr_t(63);
+         at < reinterpret_cast<std::uintptr_t>(end); at += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0, 3);
+  };
+  lines(part.row + t0, part.row + t1);
+  for (int i = 0; i < sparse_input::group; ++i) lines(part.value[i] + t0, part.value[i] + t1);
+}
+
 inline gemm_detail::gemm_scratch& transposed_scratch() {
   static thread_local gemm_detail::gemm_scratch scratch;
   return scratch;
@@ -348,19 +366,23 @@ inline gemm_detail::gemm_scratch& partial_sums_scratch() {
 
 }  // namespace sparse_input_detail
 
-// One thread's outputs [o0, o1) of the forward, y = act(x W^T + bias), in three steps, so that a thread can start on
-// the rows it listed itself while other threads are still listing theirs: the constructor needs nothing of the
-// listing but x's shape and background, add takes one listing's terms, finish adds the background's share (c times
-// W's row sums), runs the epilogue (the GEMM's: bias added, then the activation) and writes y. The listings may come
-// in any order: each covers rows of its own, and a row's sums take its listing's groups in order, so every row of y is
-// the same sums whichever parts list x and in whatever order they are added. o0 and o1 - o0 are multiples of 16.
+// One thread's outputs [o0, o1) of the forward, y = act(x W^T + bias), in three steps, so that a thread can zero
+// its sums while other threads are still listing their rows: the constructor needs nothing of the listing but x's
+// shape and background, add takes listings' terms, finish adds the background's share (c times W's row sums), runs
+// the epilogue (the GEMM's: bias added, then the activation) and writes y. The listings may come in any order: each
+// covers rows of its own, and a row's sums take its listing's groups in order, so every row of y is the same sums
+// whichever parts list x and in whatever order they are added. o0 and o1 - o0 are multiples of 16.
 //
-// add takes x's columns a strip at a time: it transposes W's rows [o0, o1) over the strip's columns and runs the
-// strip's groups on them (the first add also sums W's rows, in input order). A listing of the whole input uses one
-// L1-sized buffer for every strip: a whole W^T in scratch (in x width) went out to L2 and back, and beside W, its
-// gradient and Adam's moments pushed the step's working set past the L2 cache (on Sapphire Rapids the MNIST MLP's
-// one-thread step went from 153 to 130 us). Listings of shares of the rows (several threads) keep each strip for the
-// next share: transposed again per share, W^T cost each of two threads as much as one thread's whole transpose.
+// add takes x's columns a strip at a time, for one block of outputs after another (as many as a pass holds in
+// registers): it transposes W's rows of the block over the strip's columns into one L1-sized buffer and runs every
+// listing's groups of the strip on them (the first add also sums W's rows, in input order). A whole W^T in scratch
+// (in x width) went out to L2 and back, and beside W, its gradient and Adam's moments pushed the step's working set
+// past the L2 cache (on Sapphire Rapids the MNIST MLP's one-thread step went from 153 to 130 us). The block's sums
+// stay in the L1 cache through the listing: the strips one after the other for all the outputs went through 64 rows
+// of 128 outputs' sums (36 KiB) and 8 KiB of W^T per strip, past the 48 KiB L1 cache, and MNIST's first layer took
+// 48.5 us on one thread against 43.3 in two blocks of 64 outputs (same sums). Where several threads listed shares of
+// x's rows, every share is added in one call, strip by strip: each strip is transposed once for all of them, and the
+// other threads' entries are asked for a few strips ahead (prefetch_strips).
 //
 // The sums are made in the calling thread's scratch, its rows an odd number of cache lines apart, and y is written
 // once, by finish: one object per thread at a time. Made in y itself, each listed row's additions drew in the cache
@@ -372,28 +394,26 @@ class sparse_input_forward_sums {
   // W (out x in, leading dimension ldw); x has `rows` rows, listed against `background`.
   sparse_input_forward_sums(const float* w, index_t ldw, index_t in, index_t rows, float background, index_t o0,
                             index_t o1);
-  // Adds the terms of the rows that `part` lists (its listing of x, against the background given above).
-  void add(const sparse_input& part);
-  // The calling thread's own share of x, listed before the other threads' are ready: added now where it is within
-  // its rows' part of the whole input's limit, since the whole then most likely qualifies (an input whose shares all
-  // pass qualifies); a share past it waits for the answer, which is then more likely no. add_rest skips it.
-  void add_first(const sparse_input& own);
-  // Adds every part but the one add_first added.
-  void add_rest(std::span<const sparse_input* const> parts);
+  // Adds the terms of the rows that `parts` list: listings of x against the background given above, each of rows of
+  // its own (the threads' shares, or one listing of the whole).
+  void add(std::span<const sparse_input* const> parts);
+  void add(const sparse_input& part) {
+    const sparse_input* const one[] = {&part};
+    add(one);
+  }
   // y (rows x out, leading dimension ldy): its outputs [o0, o1) of every row.
   void finish(const float* bias, activation act, float slope, float* y, index_t ldy);
 
  private:
-  // Transposes W's rows o0 + [i0, i1) over columns [first, first + strip) into columns [i0, i1) of `to` (strip x
+  // Transposes W's rows o0 + [i0, i1) over columns [first, first + strip) into columns [i0, i1) of w_t_ (strip x
   // width, zeros past the last column), adding them to the row sums where `sum`.
-  void transpose_strip(index_t first, float* to, bool sum, index_t i0, index_t i1);
+  void transpose_strip(index_t first, bool sum, index_t i0, index_t i1);
 
   const float* w_ = nullptr;
   float* sums_ = nullptr;  // W's row sums: width
-  float* w_t_ = nullptr;   // W^T's strips, strip x width each: only the first for a whole listing, every one for shares
+  float* w_t_ = nullptr;   // one strip of W^T: strip x width
   float* acc_ = nullptr;   // the sums: rows x width, leading dimension ld_acc_
-  const sparse_input* added_first_ = nullptr;
-  bool summed_ = false, kept_ = false;  // W's row sums made; every strip of W^T kept in w_t_
+  bool summed_ = false;    // W's row sums made
   float background_ = 0;
   index_t width_ = 0, ldw_ = 0, in_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
 };
@@ -405,9 +425,9 @@ inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, inde
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   if (width_ == 0) return;
-  const index_t width = width_, strips = (in + strip - 1) / strip;
+  const index_t width = width_;
   sums_ = static_cast<float*>(
-      transposed_scratch().reserve(static_cast<std::size_t>((strips * strip + 1) * width) * sizeof(float)));
+      transposed_scratch().reserve(static_cast<std::size_t>((strip + 1) * width) * sizeof(float)));
   w_t_ = sums_ + width;
   ld_acc_ = (width / 16) % 2 == 0 ? width + 16 : width;  // an odd number of cache lines
   acc_ = static_cast<float*>(
@@ -418,66 +438,55 @@ inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, inde
 #endif
 }
 
-inline void sparse_input_forward_sums::transpose_strip(index_t first, float* to, bool sum, index_t i0,
-                                                       index_t i1) {
+inline void sparse_input_forward_sums::transpose_strip(index_t first, bool sum, index_t i0, index_t i1) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
   const index_t columns = std::min(strip, in_ - first);
   for (index_t i = i0; i < i1; i += 16) {
     __m512 row_sum = sum && first > 0 ? _mm512_loadu_ps(sums_ + i) : _mm512_setzero_ps();
-    transpose_tile(w_ + (o0_ + i) * ldw_ + first, ldw_, 16, int(columns), to + i, width_, false,
+    transpose_tile(w_ + (o0_ + i) * ldw_ + first, ldw_, 16, int(columns), w_t_ + i, width_, false,
                    sum ? &row_sum : nullptr);
     if (sum) _mm512_storeu_ps(sums_ + i, row_sum);
   }
-  for (index_t c = columns; c < strip; ++c) std::fill(to + c * width_ + i0, to + c * width_ + i1, 0.0f);
+  for (index_t c = columns; c < strip; ++c) std::fill(w_t_ + c * width_ + i0, w_t_ + c * width_ + i1, 0.0f);
 #else
-  (void)first, (void)to, (void)sum, (void)i0, (void)i1;
+  (void)first, (void)sum, (void)i0, (void)i1;
 #endif
 }
 
-inline void sparse_input_forward_sums::add(const sparse_input& part) {
+inline void sparse_input_forward_sums::add(std::span<const sparse_input* const> parts) {
 #if defined(__AVX512F__)
   using namespace sparse_input_detail;
-  if (width_ == 0) return;
-  float* const acc = acc_ + part.first_row * ld_acc_;
-  const bool whole = part.first_row == 0 && part.rows == rows_, keep = !whole && !kept_;
-  // One pass over the strips per block of outputs that a pass holds in registers: the block's sums stay in the L1
-  // cache through the listing. The strips one after the other for all the outputs instead went through 64 rows of
-  // 128 outputs' sums (36 KiB) and the strip's 8 KiB of W^T per strip, past the 48 KiB L1 cache: MNIST's first
-  // layer on one thread took 48.5 us against 43.3 in two blocks of 64 outputs (same sums; Sapphire Rapids).
+  if (width_ == 0 || parts.empty()) return;
+  const index_t groups = parts.front()->groups;
   for (index_t o = 0; o < width_; o += 16 * max_vectors) {
     const index_t o_end = std::min(width_, o + 16 * max_vectors);
     const int vectors = int((o_end - o) / 16);
     for (index_t first = 0; first < in_; first += strip) {
-      const index_t g0 = first / group, g1 = std::min(part.groups, g0 + strip / group);
-      const bool listed = part.start[g0] < part.start[g1];
-      float* const w_t = whole ? w_t_ : w_t_ + first * width_;
-      // Every strip is transposed once for W's row sums, and kept for the shares still to come.
-      if (!summed_ || keep || (whole && listed)) transpose_strip(first, w_t, !summed_, o, o_end);
+      const index_t g0 = first / group, g1 = std::min(groups, g0 + strip / group);
+      if (parts.size() > 1 && first + prefetch_strips * strip < in_) {
+        const index_t ahead = (first + prefetch_strips * strip) / group;
+        for (const sparse_input* part : parts) prefetch_entries(*part, ahead, std::min(groups, ahead + strip / group));
+      }
+      bool listed = false;
+      for (const sparse_input* part : parts) listed = listed || part->start[g0] < part->start[g1];
+      // Every strip is transposed once for W's row sums, in the first add.
+      if (!summed_ || listed) transpose_strip(first, !summed_, o, o_end);
       if (!listed) continue;
       with_vectors(vectors, [&]<int V>() {
-        for (index_t g = g0; g < g1; ++g)
-          forward_group<V>(w_t + (g - g0) * group * width_ + o, width_, part.row, part.value, part.start[g],
-                           part.start[g + 1] - part.start[g], acc + o, ld_acc_);
+        for (const sparse_input* part : parts) {
+          float* const acc = acc_ + part->first_row * ld_acc_ + o;
+          for (index_t g = g0; g < g1; ++g)
+            forward_group<V>(w_t_ + (g - g0) * group * width_ + o, width_, part->row, part->value, part->start[g],
+                             part->start[g + 1] - part->start[g], acc, ld_acc_);
+        }
       });
     }
   }
   summed_ = true;
-  kept_ = kept_ || keep;
 #else
-  (void)part;
+  (void)parts;
 #endif
-}
-
-inline void sparse_input_forward_sums::add_first(const sparse_input& own) {
-  if (double(own.entries) * double(rows_) > double(sparse_input::work_limit(rows_, in_)) * double(own.rows)) return;
-  add(own);
-  added_first_ = &own;
-}
-
-inline void sparse_input_forward_sums::add_rest(std::span<const sparse_input* const> parts) {
-  for (const sparse_input* part : parts)
-    if (part != added_first_) add(*part);
 }
 
 inline void sparse_input_forward_sums::finish(const float* bias, activation act, float slope, float* y,
@@ -486,7 +495,7 @@ inline void sparse_input_forward_sums::finish(const float* bias, activation act,
   using namespace sparse_input_detail;
   if (width_ == 0) return;
   if (!summed_) {  // no listing was added: the row sums alone
-    for (index_t first = 0; first < in_; first += strip) transpose_strip(first, w_t_, true, 0, width_);
+    for (index_t first = 0; first < in_; first += strip) transpose_strip(first, true, 0, width_);
     summed_ = true;
   }
   const __m512 c = _mm512_set1_ps(background_);
@@ -520,7 +529,7 @@ inline void sparse_input_forward_part(std::span<const sparse_input* const> parts
   const sparse_input& last = *parts.back();
   if (o1 <= o0) return;
   sparse_input_forward_sums sums(w, ldw, last.cols, last.first_row + last.rows, last.background, o0, o1);
-  sums.add_rest(parts);
+  sums.add(parts);
   sums.finish(bias, act, slope, y, ldy);
 }
 
@@ -639,16 +648,14 @@ struct sparse_input_kernels {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
       const std::uint64_t call = next_forward_call();
       last_forward() = {x, batch, in, call};
-      // The thread's own rows are added (add_first, which transposes W's rows as it goes) before the other threads'
-      // listings are waited for.
-      const auto start = [&](const sparse_input& own, index_t o0, index_t o1) {
-        sparse_input_forward_sums sums(weight, in, in, batch, x[0], o0, o1);
-        sums.add_first(own);
-        return sums;
+      // The sums are zeroed before the other threads' listings are waited for, and every listing is then added in one
+      // pass over the strips (sparse_input_forward_sums::add).
+      const auto start = [&](const sparse_input&, index_t o0, index_t o1) {
+        return sparse_input_forward_sums(weight, in, in, batch, x[0], o0, o1);
       };
       const auto finish = [&](sparse_input_forward_sums& sums, std::span<const sparse_input* const> parts, index_t,
                               index_t) {
-        sums.add_rest(parts);
+        sums.add(parts);
         sums.finish(bias, act, slope, y, out);
       };
       return listed_then_over_outputs(x, batch, in, out, call, 0, start, finish);
