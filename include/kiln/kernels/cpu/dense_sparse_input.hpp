@@ -23,7 +23,8 @@
 // pace: 1.2x the forward's time and 1.3x the gradient's on MNIST (Zen 4), although the groups' FMAs are 1.48x as
 // many, their background elements included. Both take x's columns a strip of 16 at a time, W's rows transposed into
 // W^T's (with W's row sums) and dW^T's transposed into dW's one strip at a time in an L1-sized buffer, 16 x 16 in
-// registers (gemm_pack.hpp's transpose_16x16, which the AMX path packs with).
+// registers (gemm_pack.hpp's transpose_16x16, which the AMX path packs with), and a block of 64 outputs through all
+// the strips before the next block, so that the block's sums or rows of dW^T stay in the L1 cache.
 #pragma once
 
 #include <algorithm>
