@@ -8,8 +8,9 @@
 // update of those. Its part of each product is gemm_part's share of the whole product, so nothing of W1 and W2 and
 // their Adam state leaves the core that updates them. The head's forward and the loss go by batch rows instead, an
 // equal share each, as they need every hidden unit of a row. Two barriers: one after the hidden layer's forward (the
-// head reads all of a row), one after the loss (the backward reads every row's dL/dlogits). The first thread also
-// updates b2 and adds up the loss.
+// head reads all of a row), one after the loss (the backward reads every row's dL/dlogits); and a third before the
+// forward's products where the hidden layer takes the sparse-input products, after each thread's listing of its
+// share of the rows (every thread walks every listing). The first thread also updates b2 and adds up the loss.
 //
 // The arithmetic is the layer-by-layer step's: each product runs the kernel and path gemm takes for the whole product
 // (a part of it where it is split; the head's two backward products, where gemm runs them blocked, in one pass of
