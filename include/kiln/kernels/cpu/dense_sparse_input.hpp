@@ -651,7 +651,7 @@ struct sparse_input_kernels {
       last_forward() = {x, batch, in, call};
       // The sums are zeroed before the other threads' listings are waited for, and every listing is then added in one
       // pass over the strips (sparse_input_forward_sums::add).
-      const auto start = [&](const sparse_input&, index_t o0, index_t o1) {
+      const auto start = [&](index_t o0, index_t o1) {
         return sparse_input_forward_sums(weight, in, in, batch, x[0], o0, o1);
       };
       const auto finish = [&](sparse_input_forward_sums& sums, std::span<const sparse_input* const> parts, index_t,
@@ -679,7 +679,7 @@ struct sparse_input_kernels {
                                       ? last.call
                                       : 0;
       // Nothing to start on: every row's terms are added in row order, whichever thread listed them.
-      const auto start = [](const sparse_input&, index_t, index_t) { return 0; };
+      const auto start = [](index_t, index_t) { return 0; };
       const auto part = [&](int, std::span<const sparse_input* const> parts, index_t o0, index_t o1) {
         sparse_input_weight_gradient_part(parts, dy, out, dweight, in, accumulate, o0, o1);
       };
@@ -726,8 +726,8 @@ struct sparse_input_kernels {
   }
 
   // Lists x, then, where it qualifies, runs the products over the outputs in tiles of 16, on one parallel region's
-  // threads where there are several. Each thread with outputs [o0, o1) to compute calls start(own, o0, o1) on its own
-  // listing before waiting for the other threads' (where it listed its share), then, where x qualifies,
+  // threads where there are several. Each thread with outputs [o0, o1) to compute calls start(o0, o1) once its own
+  // share is listed (and listable), before waiting for the other threads' listings, then, where x qualifies,
   // finish(started, parts, o0, o1) with start's result and parts as list_shares leaves them. Returns whether x
   // qualified.
   template <class Start, class Finish>
@@ -739,7 +739,7 @@ struct sparse_input_kernels {
     if (threads <= 1) {
       parts[0] = list_share(x, batch, in, 0, 1, tag, reuse);
       if (!shares_qualify(batch, in, 1, parts)) return false;
-      auto started = start(*parts[0], index_t{0}, out);
+      auto started = start(index_t{0}, out);
       finish(started, std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
       return true;
     }
@@ -754,9 +754,9 @@ struct sparse_input_kernels {
       const thread_split mine = split.over(team);
       const index_t o0 = mine.begin(tiles, id) * 16, o1 = mine.end(tiles, id) * 16;
       const sparse_input* const own = parts[id] = list_share(x, batch, in, id, team, tag, reuse);
-      using started_type = decltype(start(*own, o0, o1));
+      using started_type = decltype(start(o0, o1));
       std::optional<started_type> started;
-      if (own && o0 < o1) started.emplace(start(*own, o0, o1));
+      if (own && o0 < o1) started.emplace(start(o0, o1));
 #pragma omp barrier
       const bool listed = shares_qualify(batch, in, team, parts);
       if (listed && started) finish(*started, std::span<const sparse_input* const>(parts, std::size_t(team)), o0, o1);
