@@ -234,9 +234,9 @@ inline void head_backward_part(const float* head, const float* h, const float* w
   if (!sums_in_pass) reduce_kernels::sum_rows_part(dh, b1_grad, batch, hidden, u0, u1, false);
 }
 
-// Asks for columns [u0, u1) of every row of h (batch x hidden) to be brought into this core's cache for writing
-// (PREFETCHW where the CPU has it, a read prefetch elsewhere). u0 and u1 are multiples of 16 or hidden's end, so the
-// lines are this thread's alone.
+// Asks for columns [u0, u1) of every row of h (batch x hidden) to be brought into this core's cache for writing:
+// PREFETCHW where the build targets a CPU that has it (-march=native on one), a read prefetch elsewhere. A hint only,
+// which changes where the lines are, never what they hold.
 inline void prefetch_for_writing(const float* h, index_t batch, index_t hidden, index_t u0, index_t u1) {
   for (index_t row = 0; row < batch; ++row)
     for (index_t j = u0; j < u1; j += 16) __builtin_prefetch(h + row * hidden + j, 1, 3);
@@ -321,9 +321,8 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
   // This thread's columns of h, taken back for writing while its head's backward reads them: the other threads' head
   // forward read them for their rows and left copies in their cores' caches, and the next step's forward, writing
   // them, then waited for each line to be taken back from the other core, a few at a time. Asked for here, the lines
-  // come back during the backward. On two threads the MNIST step took 1.5-2.5 us less, asked for here, and nothing
-  // less asked for at the start of the step, where the listing's loads wait on the same fill buffers
-  // (bench/RESULTS.md).
+  // come back during the backward. On two threads the MNIST step took 1.5-2.5 us less; asked for at the start of the
+  // step instead, where the listing's loads wait on the same fill buffers, nothing (bench/RESULTS.md).
   if (team > 1) prefetch_for_writing(h, batch, hidden, u0, u1);
   float loss = 0;
   if (id == 0) {  // b2 (every thread has read it by now) and the loss, summed as softmax_cross_entropy sums it
