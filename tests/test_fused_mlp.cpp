@@ -136,7 +136,7 @@ TEST_CASE("the fused head backward gives the bits of gemm, the ReLU's backward a
   for (const shape s : {shape{64, 128, 10}, shape{50, 100, 13}, shape{21, 80, 3}}) {
     CAPTURE(s.batch);
     CAPTURE(s.out);
-    using kernels::cpu::fused_mlp_detail::head_backward_fusable;
+    using kernels::cpu::head_backward_fusable;
     REQUIRE(head_backward_fusable(s.batch, s.hidden, s.out));
     const auto head = random_values(std::size_t(s.batch * s.out), 4);
     const auto w2 = random_values(std::size_t(s.out * s.hidden), 5);
@@ -155,7 +155,7 @@ TEST_CASE("the fused head backward gives the bits of gemm, the ReLU's backward a
     // last strip of sum_rows has one vector and sums in 4 chains: the second part's sums then run after the pass.
     std::vector<float> w2_grad_parts(w2.size(), -1.0f), dh_parts(h.size(), -1.0f), b1_grad_parts(b1_grad.size(), -1.0f);
     for (auto [u0, u1] : {std::pair{index_t(0), index_t(16)}, std::pair{index_t(16), s.hidden}})
-      kernels::cpu::fused_mlp_detail::head_backward_part(head.data(), h.data(), w2.data(), w2_grad_parts.data(),
+      kernels::cpu::head_backward_part(head.data(), h.data(), w2.data(), w2_grad_parts.data(),
                                                          dh_parts.data(), b1_grad_parts.data(), s.batch, s.hidden,
                                                          s.out, u0, u1);
     CHECK(bitwise_equal(w2_grad_parts, w2_grad));
@@ -163,7 +163,7 @@ TEST_CASE("the fused head backward gives the bits of gemm, the ReLU's backward a
     CHECK(bitwise_equal(b1_grad_parts, b1_grad));
   }
   // Products that gemm runs on another path (here the direct loop of tiny products) keep the two calls.
-  CHECK_FALSE(kernels::cpu::fused_mlp_detail::head_backward_fusable(2, 8, 2));
+  CHECK_FALSE(kernels::cpu::head_backward_fusable(2, 8, 2));
 }
 
 TEST_CASE("sum_rows_part and softmax_cross_entropy_rows give the whole call's bits in parts") {

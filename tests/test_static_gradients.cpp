@@ -89,6 +89,25 @@ TEST_CASE("fused and unfused epilogues give bit-identical training") {
   CHECK(opt_fused.slots().size() == 1);
 }
 
+TEST_CASE("a Dense layer over a Dense with a fused ReLU takes that ReLU's backward in, with the unfused bits") {
+  // With fused epilogues the upper layer's two backward products and the ReLU's backward run in one pass
+  // (policy::cpu::dense_backward_through_relu): here for every layer over a ReLU, the head (no activation of its own)
+  // over a layer whose own ReLU the head took in, which then runs no pass of its own over the one below.
+  const auto precision = kernels::cpu::default_product_precision();
+  REQUIRE(policy::cpu::dense_backward_through_relu_applies(64, 32, 24, precision));
+  REQUIRE(policy::cpu::dense_backward_through_relu_applies(64, 24, 3, precision));
+  using Net = Sequential<policy::cpu, Input<20>, Dense<32, ReLU>, Dense<24, ReLU>, Dense<3>>;
+  Net fused(64, 4, {.fuse_epilogues = true}), unfused(64, 4, {.fuse_epilogues = false});
+  optim::Adam opt_fused({.lr = 1e-2}), opt_unfused({.lr = 1e-2});
+  require_same_training(fused, opt_fused, unfused, opt_unfused, 64, 10, 20);
+  // The same on a batch of 4, whose small products gemm runs another way: the pass does not apply, and each layer
+  // takes its ReLU's backward itself.
+  CHECK_FALSE(policy::cpu::dense_backward_through_relu_applies(4, 24, 3, precision));
+  Net fused_small(4, 5, {.fuse_epilogues = true}), unfused_small(4, 5, {.fuse_epilogues = false});
+  optim::Adam opt_fused_small({.lr = 1e-2}), opt_unfused_small({.lr = 1e-2});
+  require_same_training(fused_small, opt_fused_small, unfused_small, opt_unfused_small, 4, 11, 20);
+}
+
 TEST_CASE("a Conv2D takes over the activation layer after it: gradients, and training bit-identical to unfused") {
   // Fused epilogues let each Conv2D apply the ReLU, LeakyReLU, Sigmoid or Tanh that follows it; GELU, whose backward
   // needs its input, stays a layer of its own. The gradients must still match finite differences, fused or not, and

@@ -123,6 +123,35 @@ struct Dense {
       dense_backward<Policy>(x, params, dy, dx, dparams, Bias ? dparams + weight_size : nullptr, ctx.batch, in, Out,
                              false, ctx.input_as_in_forward);
     }
+    // With fused epilogues, where the layer below is a Dense layer with a fused ReLU (x is its output): this backward
+    // with that ReLU's backward taken in, dx being the lower layer's pre-activation gradient, where the policy has the
+    // one-pass kernel and it applies (policy::cpu's dense_backward_through_relu). Returns false, having done nothing,
+    // where it does not: then backward runs, and the layer below takes its ReLU's backward itself.
+    template <class Policy, class T>
+    static bool backward_through_relu(const T* params, const T* x, const T* y, T* dy, T* dx, T* dparams, T* scratch,
+                                      const layer_context& ctx) {
+      if constexpr (std::is_same_v<T, float> && requires { requires Policy::one_pass_relu_backward; }) {
+        if (!dx || !Policy::dense_backward_through_relu_applies(ctx.batch, in, Out, Policy::gemm_precision()))
+          return false;
+        if constexpr (Act::kind != activation::identity)
+          Policy::activation_backward(Act::kind, scratch_per_sample ? scratch : nullptr, y, dy, dy, ctx.batch * Out,
+                                      T(Act::slope));
+        Policy::dense_backward_through_relu(dy, x, params, dparams, dx, ctx.batch, in, Out);
+        if constexpr (Bias) Policy::sum_rows(dy, dparams + weight_size, ctx.batch, Out, false);
+        return true;
+      } else {
+        (void)params, (void)x, (void)y, (void)dy, (void)dx, (void)dparams, (void)scratch, (void)ctx;
+        return false;
+      }
+    }
+    // The backward of a layer whose activation's backward the layer above took in (backward_through_relu): dy is
+    // already the gradient of the pre-activation.
+    template <class Policy, class T>
+    static void backward_preactivated(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T*,
+                                      const layer_context& ctx) {
+      dense_backward<Policy>(x, params, dy, dx, dparams, Bias ? dparams + weight_size : nullptr, ctx.batch, in, Out,
+                             false, ctx.input_as_in_forward);
+    }
     static std::vector<static_parameter_info> parameter_tensors() {
       std::vector<static_parameter_info> tensors{{"weight", shape{Out, in}, 0}};
       if constexpr (Bias) tensors.push_back({"bias", shape{Out}, weight_size});

@@ -784,6 +784,28 @@ class Sequential {
     }
   }
 
+  // With fused epilogues, a layer whose backward can take in the ReLU's backward of the Dense layer below it, whose
+  // output is its input (Dense over Dense<N, ReLU>: the head's two products and the ReLU's backward in one pass,
+  // policy::cpu's dense_backward_through_relu), does where it applies at run time, and that layer's backward then
+  // skips its ReLU's.
+  template <std::size_t I>
+  static constexpr bool takes_previous_relu_backward() {
+    if constexpr (I == 0 || I >= layer_count) {
+      return false;
+    } else {
+      using below = layer<I - 1>;
+      if constexpr (!requires { below::fused_activation; }) {
+        return false;
+      } else {
+        return below::fused_activation == activation::relu &&
+               requires(const T* c, T* m, const layer_context& ctx) {
+                 bound<I>::template backward_through_relu<Policy>(c, c, c, m, m, m, m, ctx);
+                 bound<I - 1>::template backward_preactivated<Policy>(c, c, c, m, m, m, m, ctx);
+               };
+      }
+    }
+  }
+
   void run_forward(const T* x, const layer_context& ctx) {
     last_batch_ = ctx.batch;
     const T* in = x;
@@ -820,6 +842,7 @@ class Sequential {
 
   // Runs right after run_forward, within one call: each layer's input is as the forward saw it.
   void run_backward(const layer_context& forward_ctx) {
+    relu_backward_taken_ = false;
     layer_context ctx = forward_ctx;
     ctx.input_as_in_forward = true;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -841,6 +864,21 @@ class Sequential {
     }
     if constexpr (takes_previous_activation_backward<I + 1>())
       if (options_.fuse_epilogues) done = true;  // taken in by layer I + 1
+    if constexpr (takes_previous_relu_backward<I + 1>()) {
+      if (relu_backward_taken_) {  // layer I + 1 took this layer's ReLU's backward in
+        relu_backward_taken_ = false;
+        B::template backward_preactivated<Policy>(params_.data() + param_offsets[I], inputs_[I], outputs_[I],
+                                                  gradients_[I], input_gradients_[I],
+                                                  grads_.data() + param_offsets[I], scratch_[I], context_of<I>(ctx));
+        done = true;
+      }
+    }
+    if constexpr (takes_previous_relu_backward<I>()) {
+      if (options_.fuse_epilogues && !done)  // its dx: the layer below's pre-activation gradient
+        done = relu_backward_taken_ = B::template backward_through_relu<Policy>(
+            params_.data() + param_offsets[I], inputs_[I], outputs_[I], gradients_[I], input_gradients_[I],
+            grads_.data() + param_offsets[I], scratch_[I], context_of<I>(ctx));
+    }
     if constexpr (!B::aliases_input) {
       if (!done)
         B::template backward<Policy>(params_.data() + param_offsets[I], inputs_[I], outputs_[I], gradients_[I],
@@ -922,6 +960,7 @@ class Sequential {
 
   index_t max_batch_;
   static_options options_;
+  bool relu_backward_taken_ = false;  // in a backward pass: the last layer run took in the ReLU backward below it
   bool training_ = true;
   policy_buffer<T> params_, grads_, buffers_;
   std::array<random_generator, runtime_generator_count> generators_;

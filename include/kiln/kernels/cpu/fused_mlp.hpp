@@ -32,6 +32,7 @@
 #include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/dense_sparse_input.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
+#include "kiln/kernels/cpu/head_backward.hpp"
 #include "kiln/kernels/cpu/loss.hpp"
 #include "kiln/kernels/cpu/optim.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
@@ -128,110 +129,6 @@ inline void product_part(bool transpose_a, bool transpose_b, index_t m, index_t 
   else
     gemm_part<float>(transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb, c, ldc, i0, i1, j0, j1, ep, precision,
                      first_tile_share);
-}
-
-// Whether head_backward_part gives the bits of the two products it replaces: gemm must run both on the blocked path
-// (not AMX tiles, narrow or direct) in one k block, where every element is one FMA chain over k from zero.
-inline bool head_backward_fusable(index_t batch, index_t hidden, index_t out,
-                                  product_precision precision = product_precision::single) {
-  using gemm_detail::gemm_route;
-  return gemm_detail::route_of<float>(true, false, out, hidden, batch, hidden, precision) == gemm_route::blocked &&
-         gemm_detail::route_of<float>(false, false, batch, hidden, out, hidden, precision) == gemm_route::blocked &&
-         gemm_detail::k_block_depth<float>(batch) == batch && gemm_detail::k_block_depth<float>(out) == out;
-}
-
-// Outputs o0 .. o0 + Count of head_backward_part over one vector of hidden units (`lanes` of them, at column j).
-// Rows go four at a time: dL/dhidden's chain over the outputs is Count dependent FMAs per row, and one row at a time
-// waited on the FMA's latency; four rows' chains interleave, while each weight gradient's chain still takes the rows
-// in order. The last group of outputs (Last) finishes dL/dhidden: the ReLU's backward on it, and where b1_grad is
-// set, b1's gradient summed over the rows in order from zero.
-template <int Count, bool Last>
-KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, const float* w2, float* w2_grad, float* dh,
-                                         float* b1_grad, index_t batch, index_t hidden, index_t out, index_t o0,
-                                         index_t j, int lanes) {
-  using S = gemm_detail::simd<float>;
-  using Reg = typename S::reg;
-  constexpr int rows_at_once = 4;
-  const bool full = lanes == S::width;
-  auto load = [&](const float* p) { return full ? S::load(p) : S::load_n(p, lanes); };
-  auto store = [&](float* p, Reg x) { full ? S::store(p, x) : S::store_n(p, x, lanes); };
-  Reg weight[Count], weight_grad[Count];
-#pragma GCC unroll 16
-  for (int o = 0; o < Count; ++o) {
-    weight[o] = load(w2 + (o0 + o) * hidden + j);
-    weight_grad[o] = S::zero();
-  }
-  Reg bias_grad = S::zero();
-  const auto some_rows = [&]<int Rows>(index_t row) {
-    Reg hidden_value[Rows], hidden_grad[Rows];
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      hidden_value[r] = load(h + (row + r) * hidden + j);
-      hidden_grad[r] = o0 == 0 ? S::zero() : load(dh + (row + r) * hidden + j);
-    }
-#pragma GCC unroll 16
-    for (int o = 0; o < Count; ++o) {
-#pragma GCC unroll 8
-      for (int r = 0; r < Rows; ++r) {
-        const Reg logit_grad = S::set1(head[(row + r) * out + o0 + o]);
-        weight_grad[o] = S::fmadd(logit_grad, hidden_value[r], weight_grad[o]);
-        hidden_grad[r] = S::fmadd(logit_grad, weight[o], hidden_grad[r]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      if constexpr (Last) {
-        hidden_grad[r] = S::relu_backward(hidden_value[r], hidden_grad[r]);
-        bias_grad = S::add(bias_grad, hidden_grad[r]);
-      }
-      store(dh + (row + r) * hidden + j, hidden_grad[r]);
-    }
-  };
-  index_t row = 0;
-  for (; row + rows_at_once <= batch; row += rows_at_once) some_rows.template operator()<rows_at_once>(row);
-  for (; row < batch; ++row) some_rows.template operator()<1>(row);
-#pragma GCC unroll 16
-  for (int o = 0; o < Count; ++o) store(w2_grad + (o0 + o) * hidden + j, weight_grad[o]);
-  if (Last && b1_grad) store(b1_grad + j, bias_grad);
-}
-
-// W2's gradient (dL/dlogits^T h), dL/dhidden (dL/dlogits W2) through the hidden layer's ReLU, and b1's gradient (its
-// column sums), on hidden units [u0, u1), u0 a multiple of the vector width, in one pass over the batch that
-// broadcasts each element of dL/dlogits once for both products and packs nothing. Where head_backward_fusable holds,
-// these are the bits of the two products, activation_backward and sum_rows_part (gemm_microkernel.hpp's chains:
-// each element summed over k in order from zero, the batch for W2's gradient and the outputs for dL/dhidden; a chain
-// that runs on across a group of outputs is stored and reloaded, which is exact; the ReLU's backward is a select). b1's
-// sums are taken in the pass where sum_rows sums each column in one chain of rows in order, and by sum_rows_part
-// after it elsewhere. The MNIST MLP's, on one thread and hot caches: 2.6 us for the two products, against 3.9 for the
-// two gemm calls. In the two-thread step, separate ReLU and sum passes over a thread's half of the units took 1.2-1.7
-// us, more than one thread's 0.9-1.1 over all of them: they read the hidden layer's values again after the other
-// thread's head had read them (bench/RESULTS.md).
-inline void head_backward_part(const float* head, const float* h, const float* w2, float* w2_grad, float* dh,
-                               float* b1_grad, index_t batch, index_t hidden, index_t out, index_t u0, index_t u1) {
-  constexpr int width = gemm_detail::simd<float>::width;
-  // Outputs go in groups whose weights and accumulators stay in registers beside 4 rows' values and gradients.
-  constexpr int group = width >= 16 ? 10 : 4;
-  // The pass adds the rows in order, which is sum_rows' arithmetic where it sums each of these columns in one chain.
-  bool sums_in_pass = true;
-  for (index_t j = u0; j < u1; j += width)
-    sums_in_pass &= reduce_kernels::sum_rows_column_chains<float>(hidden, j) == 1;
-  float* const pass_sums = sums_in_pass ? b1_grad : nullptr;
-  for (index_t j = u0; j < u1; j += width) {
-    const int lanes = int(std::min<index_t>(width, u1 - j));
-    for (index_t o0 = 0; o0 < out; o0 += group) {
-      const auto outputs = [&]<int Count>() {
-        if (o0 + Count == out)
-          head_backward_outputs<Count, true>(head, h, w2, w2_grad, dh, pass_sums, batch, hidden, out, o0, j, lanes);
-        else
-          head_backward_outputs<Count, false>(head, h, w2, w2_grad, dh, nullptr, batch, hidden, out, o0, j, lanes);
-      };
-      [&]<int... Counts>(std::integer_sequence<int, Counts...>) {
-        const int count = int(std::min<index_t>(group, out - o0));
-        ((count == Counts + 1 ? (outputs.template operator()<Counts + 1>(), true) : false) || ...);
-      }(std::make_integer_sequence<int, group>{});
-    }
-  }
-  if (!sums_in_pass) reduce_kernels::sum_rows_part(dh, b1_grad, batch, hidden, u0, u1, false);
 }
 
 // Asks for columns [u0, u1) of every row of h (batch x hidden) to be brought into this core's cache for writing:
