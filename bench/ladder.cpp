@@ -3,7 +3,8 @@
 //   1 dynamic eager       tape, heap tensors from the system allocator, per-op dispatch, per-parameter optimizer
 //   2 dynamic + cache     the caching allocator: no malloc in the steady state
 //   3 static unfused      compile-time graph and planned workspace, the same per-op kernels as rung 2
-//   4 static + fusion     bias and activation inside the GEMM's epilogue
+//   4 static + fusion     bias and activation inside the GEMM's epilogue (and a Dense layer's backward taking in
+//                         the ReLU's backward of the Dense layer below it)
 //   5 static + flat       one optimizer update over one flat parameter buffer
 //   7 static, fused step  the whole training step in one parallel region, on mnist_mlp only (kiln::fused_mlp_trainer:
 //                         models of the form Dense<Hidden, ReLU> - Dense<Out> with cross-entropy and Adam)

@@ -6,7 +6,9 @@
 // parts are timed with a wall clock read between them, after Policy::synchronize(): on a GPU policy that waits for
 // every kernel, so a profiled step runs without the overlap of an unprofiled one and takes longer; on the CPU it costs
 // one clock read per part. With fused epilogues (static_options::fuse_epilogues), an activation that runs inside the
-// layer before it is timed there, and its own forward shows the time of passing the output through (about zero).
+// layer before it is timed there, and its own forward shows the time of passing the output through (about zero); a
+// backward that a layer takes into its own (a Dense layer's fused ReLU, taken in by the Dense layer above) is timed
+// in that layer's.
 //
 // Dynamic mode: nn::train_step(model, x, loss_of, optimizer, profile) (dynamic/step_profile.hpp) fills the same parts
 // for a dynamic Sequential's children, plus the graph's bookkeeping that static mode does not have. A model trained
