@@ -117,11 +117,8 @@ struct Dense {
     template <class Policy, class T>
     static void backward(const T* params, const T* x, const T* y, T* dy, T* dx, T* dparams, T* scratch,
                          const layer_context& ctx) {
-      if constexpr (Act::kind != activation::identity)
-        Policy::activation_backward(Act::kind, scratch_per_sample ? scratch : nullptr, y, dy, dy, ctx.batch * Out,
-                                    T(Act::slope));
-      dense_backward<Policy>(x, params, dy, dx, dparams, Bias ? dparams + weight_size : nullptr, ctx.batch, in, Out,
-                             false, ctx.input_as_in_forward);
+      activation_backward_in_place<Policy>(y, dy, scratch, ctx);
+      backward_preactivated<Policy>(params, x, y, dy, dx, dparams, scratch, ctx);
     }
     // With fused epilogues, where the layer below is a Dense layer with a fused ReLU (x is its output): this backward
     // with that ReLU's backward taken in, dx being the lower layer's pre-activation gradient, where the policy has the
@@ -133,9 +130,7 @@ struct Dense {
       if constexpr (std::is_same_v<T, float> && requires { requires Policy::one_pass_relu_backward; }) {
         if (!dx || !Policy::dense_backward_through_relu_applies(ctx.batch, in, Out, Policy::gemm_precision()))
           return false;
-        if constexpr (Act::kind != activation::identity)
-          Policy::activation_backward(Act::kind, scratch_per_sample ? scratch : nullptr, y, dy, dy, ctx.batch * Out,
-                                      T(Act::slope));
+        activation_backward_in_place<Policy>(y, dy, scratch, ctx);
         Policy::dense_backward_through_relu(dy, x, params, dparams, dx, ctx.batch, in, Out);
         if constexpr (Bias) Policy::sum_rows(dy, dparams + weight_size, ctx.batch, Out, false);
         return true;
@@ -144,8 +139,17 @@ struct Dense {
         return false;
       }
     }
-    // The backward of a layer whose activation's backward the layer above took in (backward_through_relu): dy is
-    // already the gradient of the pre-activation.
+    // The layer's own activation's backward on dy, in place (nothing without one).
+    template <class Policy, class T>
+    static void activation_backward_in_place(const T* y, T* dy, T* scratch, const layer_context& ctx) {
+      if constexpr (Act::kind != activation::identity)
+        Policy::activation_backward(Act::kind, scratch_per_sample ? scratch : nullptr, y, dy, dy, ctx.batch * Out,
+                                    T(Act::slope));
+      else
+        (void)y, (void)dy, (void)scratch, (void)ctx;
+    }
+    // The backward of a layer whose activation's backward has run (backward, or the layer above took it in:
+    // backward_through_relu): dy is the gradient of the pre-activation.
     template <class Policy, class T>
     static void backward_preactivated(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T*,
                                       const layer_context& ctx) {

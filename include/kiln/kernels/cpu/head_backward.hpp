@@ -83,8 +83,8 @@ KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, cons
 
 // W2's gradient (dL/dlogits^T h), dL/dhidden (dL/dlogits W2) through the hidden layer's ReLU, and where b1_grad is
 // set b1's gradient (its column sums), on hidden units [u0, u1), u0 a multiple of the vector width, in one pass over
-// the batch that
-// broadcasts each element of dL/dlogits once for both products and packs nothing. Where head_backward_fusable holds,
+// the batch that broadcasts each element of dL/dlogits once for both products and packs nothing. Where
+// head_backward_fusable holds,
 // these are the bits of the two products, activation_backward and sum_rows_part (gemm_microkernel.hpp's chains:
 // each element summed over k in order from zero, the batch for W2's gradient and the outputs for dL/dhidden; a chain
 // that runs on across a group of outputs is stored and reloaded, which is exact; the ReLU's backward is a select). b1's
