@@ -232,3 +232,6 @@ template <class P>
 concept backend_policy = requires { P::name; };
 
 }  // namespace kiln::policy
+
+// In compiled mode (KILN_COMPILED_KERNELS), the kernels behind these policies are declared kept in kiln_kernels.
+#include "kiln/kernels/cpu/compiled_kernels.hpp"

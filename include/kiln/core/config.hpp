@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kiln/core/compiled_kernels.hpp"
+
 namespace kiln {
 
 // Signed index type for extents and strides, as in Eigen: loops over sizes never wrap around.

@@ -30,7 +30,7 @@ struct conv_kernels {
   // col[(c * kh + i) * kw + j, oh * out_w + ow] = x[c, oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 outside)
   // for one sample: the column matrix whose product with the weights is the convolution.
   template <class T>
-  static void im2col(const T* KILN_RESTRICT x, T* KILN_RESTRICT col, const conv_geometry& g) {
+  KILN_KERNEL static void im2col(const T* KILN_RESTRICT x, T* KILN_RESTRICT col, const conv_geometry& g) {
     const index_t oh_n = g.out_height, ow_n = g.out_width;
     for (index_t c = 0; c < g.channels; ++c) {
       const T* plane = x + c * g.height * g.width;
@@ -66,7 +66,7 @@ struct conv_kernels {
 
   // The adjoint of im2col: x[c, ih, iw] = sum of the col entries that im2col copied from it (x is overwritten).
   template <class T>
-  static void col2im(const T* KILN_RESTRICT col, T* KILN_RESTRICT x, const conv_geometry& g) {
+  KILN_KERNEL static void col2im(const T* KILN_RESTRICT col, T* KILN_RESTRICT x, const conv_geometry& g) {
     std::fill_n(x, g.in_size(), T(0));
     const index_t oh_n = g.out_height, ow_n = g.out_width;
     for (index_t c = 0; c < g.channels; ++c) {
@@ -105,7 +105,7 @@ struct conv_kernels {
   // act (with LeakyReLU's slope) is applied to each sample's output after its bias, while it is still in cache: a
   // static model fuses a Conv2D and the activation layer after it this way (see Sequential).
   template <class Policy, class T>
-  static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
+  KILN_KERNEL static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
                              const conv_geometry& g, activation act = activation::identity, T slope = T(0)) {
     const index_t k = g.group_k(), plane = g.out_plane(), out_per_group = g.out_channels / g.groups;
     // A unit-stride convolution on kiln's own GEMM reads its input in place (conv_direct.hpp), with the same bits;
@@ -149,7 +149,7 @@ struct conv_kernels {
   // memory and reading them back twice, where im2col from the sample's 86 KB input is a copy in cache. Where
   // conv_direct_weight_gradient_applies, the weight gradient reads them in x where they lie, and builds none.
   template <class Policy, class T>
-  static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
+  KILN_KERNEL static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
                               index_t batch, const conv_geometry& g, bool accumulate,
                               activation input_act = activation::identity, const T* act_input = nullptr,
                               T slope = T(0)) {
@@ -240,7 +240,7 @@ struct conv_kernels {
 
   // y[n, c, :] += bias[c] for a (batch, channels, plane) tensor.
   template <class T>
-  static void add_channel_bias(T* y, const T* bias, index_t batch, index_t channels, index_t plane) {
+  KILN_KERNEL static void add_channel_bias(T* y, const T* bias, index_t batch, index_t channels, index_t plane) {
     for (index_t n = 0; n < batch; ++n)
       for (index_t c = 0; c < channels; ++c) {
         T* p = y + (n * channels + c) * plane;
@@ -252,7 +252,7 @@ struct conv_kernels {
   // go round `lanes` partial sums (term s of a plane into lane s mod lanes), added at the end in a fixed tree: one
   // running sum made every add wait for the one before, 4 cycles each, 3.6 ms of an MNIST CNN step.
   template <class T>
-  static void sum_channels(const T* dy, T* sums, index_t batch, index_t channels, index_t plane, bool accumulate) {
+  KILN_KERNEL static void sum_channels(const T* dy, T* sums, index_t batch, index_t channels, index_t plane, bool accumulate) {
     constexpr int lanes = 16;
     for (index_t c = 0; c < channels; ++c) {
       sum_type<T> partial[lanes] = {};

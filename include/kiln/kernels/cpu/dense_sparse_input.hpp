@@ -643,7 +643,7 @@ struct sparse_input_kernels {
 
   // y = act(x W^T + bias) for x (batch x in), W (out x in), y (batch x out), all contiguous.
   template <class T>
-  static bool dense_forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in,
+  KILN_KERNEL static bool dense_forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in,
                                          index_t out, activation act, T slope) {
     if constexpr (std::is_same_v<T, float>) {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
@@ -670,7 +670,7 @@ struct sparse_input_kernels {
   // static mode's Sequential, which runs each backward right after its forward on buffers it owns), that forward's
   // listings serve again and x is not read: 10 us of an MNIST step (Zen 4).
   template <class T>
-  static bool dense_weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in,
+  KILN_KERNEL static bool dense_weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in,
                                                  index_t out, bool accumulate, bool input_as_in_forward = false) {
     if constexpr (std::is_same_v<T, float>) {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;

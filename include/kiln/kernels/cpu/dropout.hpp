@@ -14,7 +14,7 @@ namespace kiln::kernels::cpu {
 struct dropout_kernels {
   // mask[i] = 1 / (1 - p) with probability 1 - p, else 0; y = x * mask. p = 1 drops everything.
   template <class T>
-  static void dropout_forward(const T* x, T* y, T* mask, index_t n, T p, random_generator& rng) {
+  KILN_KERNEL static void dropout_forward(const T* x, T* y, T* mask, index_t n, T p, random_generator& rng) {
     const T keep_scale = p < T(1) ? T(1) / (T(1) - p) : T(0);
     // Keep when the 24-bit uniform u = bits / 2^24 satisfies u >= p.
     const double scaled = std::ceil(static_cast<double>(p) * 16777216.0);
@@ -27,7 +27,7 @@ struct dropout_kernels {
   }
   // dx (+)= dy * mask.
   template <class T>
-  static void dropout_backward(const T* dy, const T* mask, T* dx, index_t n, bool accumulate) {
+  KILN_KERNEL static void dropout_backward(const T* dy, const T* mask, T* dx, index_t n, bool accumulate) {
     for (index_t i = 0; i < n; ++i) dx[i] = accumulate ? dx[i] + dy[i] * mask[i] : dy[i] * mask[i];
   }
 };

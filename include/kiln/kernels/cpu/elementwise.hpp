@@ -41,7 +41,7 @@ KILN_ALWAYS_INLINE void activation_backward_in_place(const T* KILN_RESTRICT x, c
 struct elementwise_kernels {
   // y = f(x); y may alias x. Long arrays (a convolution's output) are split over the threads.
   template <class T>
-  static void activation_forward(activation a, const T* x, T* y, index_t n, T slope) {
+  KILN_KERNEL static void activation_forward(activation a, const T* x, T* y, index_t n, T slope) {
     with_activation(a, [&](auto act) {
       parallel_chunks<T>(n, [&](index_t begin, index_t end) {
         for (index_t i = begin; i < end; ++i) y[i] = activate(act.value, x[i], slope);
@@ -51,7 +51,7 @@ struct elementwise_kernels {
   // dx = dy * f'(x), from the input x and/or the output y (either may be null when the activation does not use it).
   // dx may alias dy. accumulate adds into dx instead of overwriting it.
   template <class T>
-  static void activation_backward(activation a, const T* x, const T* y, const T* dy, T* dx, index_t n, T slope,
+  KILN_KERNEL static void activation_backward(activation a, const T* x, const T* y, const T* dy, T* dx, index_t n, T slope,
                                   bool accumulate = false) {
     with_activation(a, [&](auto act) {
       parallel_chunks<T>(n, [&](index_t begin, index_t end) {
@@ -65,62 +65,62 @@ struct elementwise_kernels {
 
   // x[r, :] += bias for every row r of a rows x cols matrix.
   template <class T>
-  static void add_row_bias(T* x, const T* bias, index_t rows, index_t cols) {
+  KILN_KERNEL static void add_row_bias(T* x, const T* bias, index_t rows, index_t cols) {
     for (index_t r = 0; r < rows; ++r)
       for (index_t c = 0; c < cols; ++c) x[r * cols + c] += bias[c];
   }
   // out = a + b (out may alias either).
   template <class T>
-  static void add(const T* a, const T* b, T* out, index_t n) {
+  KILN_KERNEL static void add(const T* a, const T* b, T* out, index_t n) {
     for (index_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
   }
   // out = a - b.
   template <class T>
-  static void subtract(const T* a, const T* b, T* out, index_t n) {
+  KILN_KERNEL static void subtract(const T* a, const T* b, T* out, index_t n) {
     for (index_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
   }
   // out = a * b, element by element.
   template <class T>
-  static void multiply(const T* a, const T* b, T* out, index_t n) {
+  KILN_KERNEL static void multiply(const T* a, const T* b, T* out, index_t n) {
     for (index_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
   }
   // out = a * s.
   template <class T>
-  static void scale(const T* a, T s, T* out, index_t n) {
+  KILN_KERNEL static void scale(const T* a, T s, T* out, index_t n) {
     for (index_t i = 0; i < n; ++i) out[i] = a[i] * s;
   }
   // out[r, :] = a[r, :] * s[r]: each row by its own factor (a per-row loss's gradient times its upstream gradient).
   template <class T>
-  static void scale_rows(const T* a, const T* s, T* out, index_t rows, index_t cols) {
+  KILN_KERNEL static void scale_rows(const T* a, const T* s, T* out, index_t rows, index_t cols) {
     for (index_t r = 0; r < rows; ++r)
       for (index_t c = 0; c < cols; ++c) out[r * cols + c] = a[r * cols + c] * s[r];
   }
   // y += alpha * x.
   template <class T>
-  static void axpy(T alpha, const T* x, T* y, index_t n) {
+  KILN_KERNEL static void axpy(T alpha, const T* x, T* y, index_t n) {
     for (index_t i = 0; i < n; ++i) y[i] += alpha * x[i];
   }
   // y += x: how gradients accumulate when a value feeds several consumers.
   template <class T>
-  static void accumulate(const T* x, T* y, index_t n) {
+  KILN_KERNEL static void accumulate(const T* x, T* y, index_t n) {
     for (index_t i = 0; i < n; ++i) y[i] += x[i];
   }
   template <class T>
-  static void copy(const T* x, T* y, index_t n) {
+  KILN_KERNEL static void copy(const T* x, T* y, index_t n) {
     if (n > 0 && x != y) std::memcpy(y, x, static_cast<std::size_t>(n) * sizeof(T));
   }
   // The 2-D forms of copy, fill and accumulate: `rows` rows of `cols` elements, each matrix with its own row stride.
   // They assemble a GEMM operand from column blocks of other matrices and spread a product's column blocks back.
   template <class T>
-  static void copy_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
+  KILN_KERNEL static void copy_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
     for (index_t r = 0; r < rows; ++r) copy(x + r * ld_x, y + r * ld_y, cols);
   }
   template <class T>
-  static void fill_rows(index_t rows, index_t cols, T value, T* y, index_t ld_y) {
+  KILN_KERNEL static void fill_rows(index_t rows, index_t cols, T value, T* y, index_t ld_y) {
     for (index_t r = 0; r < rows; ++r) std::fill_n(y + r * ld_y, cols, value);
   }
   template <class T>
-  static void accumulate_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
+  KILN_KERNEL static void accumulate_rows(index_t rows, index_t cols, const T* x, index_t ld_x, T* y, index_t ld_y) {
     for (index_t r = 0; r < rows; ++r) accumulate(x + r * ld_x, y + r * ld_y, cols);
   }
   // Large fills are split over the threads like every element-wise loop (parallel_chunks), so each thread writes the
@@ -128,7 +128,7 @@ struct elementwise_kernels {
   // the calling thread alone (an MNIST MLP's 100K weight gradients before each step) moved the lines of the other
   // thread's half of the weight gradient, and of its Adam state's inputs, between the cores twice per step.
   template <class T>
-  static void fill(T* y, T value, index_t n) {
+  KILN_KERNEL static void fill(T* y, T value, index_t n) {
     parallel_chunks<T>(n, [&](index_t begin, index_t end) { std::fill(y + begin, y + end, value); });
   }
 };

@@ -65,7 +65,7 @@ struct loss_kernels {
   // one chain waited on the latency of every add (1000 elements: 1.1 us of a 40 us training step).
   static constexpr int mse_chains = 8;
   template <class T>
-  static T mse(const T* input, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
+  KILN_KERNEL static T mse(const T* input, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
     sum_type<T> chain[mse_chains] = {};
     index_t i = 0;
     for (; i + mse_chains <= n; i += mse_chains)
@@ -169,7 +169,7 @@ struct loss_kernels {
   // 1). dL/dlogp is -w_y times the scale at each counted row's label, 0 elsewhere. log_softmax followed by nll is
   // cross-entropy. o.label_smoothing is not an option of this loss and is ignored.
   template <class T>
-  static T nll(const T* log_probs, const std::int64_t* labels, index_t rows, index_t classes, reduction r,
+  KILN_KERNEL static T nll(const T* log_probs, const std::int64_t* labels, index_t rows, index_t classes, reduction r,
                const class_loss_options<T>& o, T* grad, T upstream = T(1)) {
     const T scale = class_loss_scale("nll_loss", labels, rows, classes, r, o);
     sum_type<T> total = 0;
@@ -188,7 +188,7 @@ struct loss_kernels {
 
   // L = reduce(f(input - target)) for f of the L1 family (l1_variant.hpp); grad (optional) = upstream * dL/dinput.
   template <class T>
-  static T l1_loss(const l1_variant<T>& f, const T* input, const T* target, index_t n, reduction r, T* grad,
+  KILN_KERNEL static T l1_loss(const l1_variant<T>& f, const T* input, const T* target, index_t n, reduction r, T* grad,
                    T upstream = T(1)) {
     sum_type<T> total = 0;
     for (index_t i = 0; i < n; ++i) total += f.value(input[i] - target[i]);
@@ -203,7 +203,7 @@ struct loss_kernels {
   // L = reduce(max(x, 0) - x * t + log(1 + exp(-|x|))), the stable form of -[t log s(x) + (1 - t) log(1 - s(x))].
   // dL/dx = sigmoid(x) - t (bce_value and bce_grad, per element).
   template <class T>
-  static T bce_with_logits(const T* logits, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
+  KILN_KERNEL static T bce_with_logits(const T* logits, const T* target, index_t n, reduction r, T* grad, T upstream = T(1)) {
     sum_type<T> total = 0;
     for (index_t i = 0; i < n; ++i) total += bce_value(logits[i], target[i]);
     const T scale = reduction_scale<T>("binary_cross_entropy_with_logits", r, n);
@@ -217,7 +217,7 @@ struct loss_kernels {
   // reduction::none of the element-wise losses: losses[i] = the loss of element i, and grad (optional) its gradient,
   // d losses[i] / d input[i]: what the reducing kernels above sum and scale.
   template <class T>
-  static void mse_elements(const T* input, const T* target, index_t n, T* losses, T* grad) {
+  KILN_KERNEL static void mse_elements(const T* input, const T* target, index_t n, T* losses, T* grad) {
     for (index_t i = 0; i < n; ++i) {
       const T d = input[i] - target[i];
       losses[i] = d * d;
@@ -225,7 +225,7 @@ struct loss_kernels {
     }
   }
   template <class T>
-  static void l1_loss_elements(const l1_variant<T>& f, const T* input, const T* target, index_t n, T* losses,
+  KILN_KERNEL static void l1_loss_elements(const l1_variant<T>& f, const T* input, const T* target, index_t n, T* losses,
                                T* grad) {
     for (index_t i = 0; i < n; ++i) {
       const T d = input[i] - target[i];
@@ -234,7 +234,7 @@ struct loss_kernels {
     }
   }
   template <class T>
-  static void bce_with_logits_elements(const T* logits, const T* target, index_t n, T* losses, T* grad) {
+  KILN_KERNEL static void bce_with_logits_elements(const T* logits, const T* target, index_t n, T* losses, T* grad) {
     for (index_t i = 0; i < n; ++i) {
       const T x = logits[i], t = target[i];  // read before grad, which may alias the logits, is written
       losses[i] = bce_value(x, t);
@@ -254,7 +254,7 @@ struct loss_kernels {
                                           grad ? grad + row * classes : nullptr);
   }
   template <class T>
-  static void nll_rows(const T* log_probs, const std::int64_t* labels, index_t rows, index_t classes,
+  KILN_KERNEL static void nll_rows(const T* log_probs, const std::int64_t* labels, index_t rows, index_t classes,
                        const class_loss_options<T>& o, T* losses, T* grad) {
     check_class_labels("nll_loss", labels, rows, classes, o);
     for (index_t row = 0; row < rows; ++row)
@@ -275,7 +275,7 @@ struct loss_kernels {
   // Checks every label of a classification loss and returns the reduction's scale: 1 for the sum, and for the mean
   // 1 / (the sum of the label weights of the rows not ignored).
   template <class T>
-  static T class_loss_scale(const char* loss, const std::int64_t* labels, index_t rows, index_t classes, reduction r,
+  KILN_KERNEL static T class_loss_scale(const char* loss, const std::int64_t* labels, index_t rows, index_t classes, reduction r,
                             const class_loss_options<T>& o) {
     check_class_labels(loss, labels, rows, classes, o);
     reduction_scale<T>(loss, r, rows);  // (reduction::none throws)

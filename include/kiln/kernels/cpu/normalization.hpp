@@ -16,7 +16,7 @@ struct normalization_kernels {
   // enters the running variance, as in PyTorch). running_mean / running_var are updated when not null:
   // running = (1 - momentum) running + momentum batch.
   template <class T>
-  static void batch_norm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+  KILN_KERNEL static void batch_norm_forward_train(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
                                        T* running_mean, T* running_var, index_t batch, index_t channels,
                                        index_t spatial, T eps, T momentum) {
     using S = sum_type<T>;
@@ -51,12 +51,12 @@ struct normalization_kernels {
   }
   // num_batches_tracked += 1 (a single value kept with the running statistics, in the policy's memory).
   template <class T>
-  static void batch_norm_count_batch(T* num_batches_tracked) {
+  KILN_KERNEL static void batch_norm_count_batch(T* num_batches_tracked) {
     *num_batches_tracked += T(1);
   }
   // Evaluation: the running statistics normalise; they are also saved as (mean, invstd) for the backward.
   template <class T>
-  static void batch_norm_forward_eval(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+  KILN_KERNEL static void batch_norm_forward_eval(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
                                       const T* running_mean, const T* running_var, index_t batch, index_t channels,
                                       index_t spatial, T eps) {
     for (index_t c = 0; c < channels; ++c) {
@@ -70,7 +70,7 @@ struct normalization_kernels {
   // gamma invstd dy with fixed statistics; dgamma = sum dy xhat, dbeta = sum dy (added with accumulate).
   // dx may be null; it is overwritten otherwise.
   template <class T>
-  static void batch_norm_backward(const T* x, const T* gamma, const T* dy, T* dx, T* dgamma, T* dbeta,
+  KILN_KERNEL static void batch_norm_backward(const T* x, const T* gamma, const T* dy, T* dx, T* dgamma, T* dbeta,
                                   const T* mean, const T* invstd, index_t batch, index_t channels, index_t spatial,
                                   bool batch_statistics, bool accumulate) {
     using S = sum_type<T>;
@@ -104,7 +104,7 @@ struct normalization_kernels {
   // Each row of x normalised by its own mean and biased variance, then scaled by gamma and shifted by beta (per
   // column).
   template <class T>
-  static void layer_norm_forward(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+  KILN_KERNEL static void layer_norm_forward(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
                                  index_t rows, index_t cols, T eps) {
     using S = sum_type<T>;
     for (index_t r = 0; r < rows; ++r) {
@@ -133,7 +133,7 @@ struct normalization_kernels {
   // dx = invstd (g - mean(g) - xhat mean(g xhat)) with g = gamma dy; dgamma = sum over rows of dy xhat, dbeta =
   // sum of dy (added with accumulate). dx may be null; it is overwritten otherwise.
   template <class T>
-  static void layer_norm_backward(const T* x, const T* gamma, const T* dy, T* dx, T* dgamma, T* dbeta, const T* mean,
+  KILN_KERNEL static void layer_norm_backward(const T* x, const T* gamma, const T* dy, T* dx, T* dgamma, T* dbeta, const T* mean,
                                   const T* invstd, index_t rows, index_t cols, bool accumulate) {
     using S = sum_type<T>;
     if (dgamma && !accumulate)

@@ -55,7 +55,7 @@ struct adagrad_step_args {
 // The optimizer kernels of the CPU policies.
 struct optim_kernels {
   template <class T>
-  static void sgd_update(T* param, const T* grad, T* momentum_buffer, index_t n, const sgd_step_args<T>& a) {
+  KILN_KERNEL static void sgd_update(T* param, const T* grad, T* momentum_buffer, index_t n, const sgd_step_args<T>& a) {
     const flush_denormals_scope flush;
     for (index_t i = 0; i < n; ++i) {
       T g = grad[i];
@@ -71,7 +71,7 @@ struct optim_kernels {
 
   // exp_avg_sq_max is only touched with amsgrad.
   template <class T>
-  static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
+  KILN_KERNEL static void adam_update(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* exp_avg_sq_max, index_t n,
                           const adam_step_args<T>& a) {
     adam_step_constants<T> c;
     const bias_corrections<T> corrections = bias_corrections_for(a);
@@ -103,7 +103,7 @@ struct optim_kernels {
   // grad_avg is only touched when centered, momentum_buffer only with momentum. PyTorch's order of operations, term
   // for term; as Adam's, large spans are split over the threads.
   template <class T>
-  static void rmsprop_update(T* param, const T* grad, T* square_avg, T* grad_avg, T* momentum_buffer, index_t n,
+  KILN_KERNEL static void rmsprop_update(T* param, const T* grad, T* square_avg, T* grad_avg, T* momentum_buffer, index_t n,
                              const rmsprop_step_args<T>& a) {
     // One loop per case, so that each is free of branches and vectorises.
     with_flag(a.weight_decay != T(0), [&](auto decay) {
@@ -122,7 +122,7 @@ struct optim_kernels {
   }
 
   template <class T>
-  static void adagrad_update(T* param, const T* grad, T* state_sum, index_t n, const adagrad_step_args<T>& a) {
+  KILN_KERNEL static void adagrad_update(T* param, const T* grad, T* state_sum, index_t n, const adagrad_step_args<T>& a) {
     with_flag(a.weight_decay != T(0), [&](auto decay) {
       parallel_chunks<T>(n, [&](index_t begin, index_t end) {
         const flush_denormals_scope flush;
@@ -133,7 +133,7 @@ struct optim_kernels {
 
   // grad += l1 * sign(param) + 2 * l2 * param: the gradient of the penalty l1 * sum|p| + l2 * sum p^2 (Keras' form).
   template <class T>
-  static void regularize_gradient(const T* param, T* grad, index_t n, T l1, T l2) {
+  KILN_KERNEL static void regularize_gradient(const T* param, T* grad, index_t n, T l1, T l2) {
     for (index_t i = 0; i < n; ++i) {
       T p = param[i];
       T sign = p > T(0) ? T(1) : (p < T(0) ? T(-1) : T(0));

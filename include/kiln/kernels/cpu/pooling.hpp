@@ -24,7 +24,7 @@ namespace kiln::kernels::cpu {
 // plane computed by the same code on any thread.
 struct pooling_kernels {
   template <class T>
-  static void max_pool_forward(const T* x, T* y, index_t planes, const conv_geometry& g) {
+  KILN_KERNEL static void max_pool_forward(const T* x, T* y, index_t planes, const conv_geometry& g) {
     const index_t in_plane = g.height * g.width;
     for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
       if (is_plain_2x2(g)) return max_pool_2x2_forward(x, y, p0, p1, g);
@@ -39,7 +39,7 @@ struct pooling_kernels {
   }
   // dx (+)= dy routed to the first element of each window that equals the window's maximum y.
   template <class T>
-  static void max_pool_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes, const conv_geometry& g,
+  KILN_KERNEL static void max_pool_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes, const conv_geometry& g,
                                 bool accumulate) {
     const index_t in_plane = g.height * g.width;
     for_plane_slices(planes, in_plane,
@@ -52,7 +52,7 @@ struct pooling_kernels {
   // and wrote a CNN's largest tensor in memory once more (a static model's Conv2D - ReLU - MaxPool2D). The same
   // functions on the same values as the two passes: the same bits.
   template <class T>
-  static void max_pool_activated_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes,
+  KILN_KERNEL static void max_pool_activated_backward(const T* x, const T* y, const T* dy, T* dx, index_t planes,
                                           const conv_geometry& g, activation act, const T* act_input, T slope) {
     const index_t in_plane = g.height * g.width;
     with_activation(act, [&](auto kind) {
@@ -103,7 +103,7 @@ struct pooling_kernels {
   }
 
   template <class T>
-  static void avg_pool_forward(const T* x, T* y, index_t planes, const conv_geometry& g, bool count_include_pad) {
+  KILN_KERNEL static void avg_pool_forward(const T* x, T* y, index_t planes, const conv_geometry& g, bool count_include_pad) {
     const index_t in_plane = g.height * g.width;
     for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
       for (index_t p = p0; p < p1; ++p) {
@@ -123,7 +123,7 @@ struct pooling_kernels {
     });
   }
   template <class T>
-  static void avg_pool_backward(const T* dy, T* dx, index_t planes, const conv_geometry& g, bool count_include_pad,
+  KILN_KERNEL static void avg_pool_backward(const T* dy, T* dx, index_t planes, const conv_geometry& g, bool count_include_pad,
                                 bool accumulate) {
     const index_t in_plane = g.height * g.width;
     for_plane_slices(planes, in_plane, [&](index_t p0, index_t p1) {
@@ -147,7 +147,7 @@ struct pooling_kernels {
 
   // y[p] = mean of plane p of x (planes of `plane` elements).
   template <class T>
-  static void global_avg_pool_forward(const T* x, T* y, index_t planes, index_t plane) {
+  KILN_KERNEL static void global_avg_pool_forward(const T* x, T* y, index_t planes, index_t plane) {
     for (index_t p = 0; p < planes; ++p) {
       sum_type<T> total = 0;
       for (index_t s = 0; s < plane; ++s) total += x[p * plane + s];
@@ -155,7 +155,7 @@ struct pooling_kernels {
     }
   }
   template <class T>
-  static void global_avg_pool_backward(const T* dy, T* dx, index_t planes, index_t plane, bool accumulate) {
+  KILN_KERNEL static void global_avg_pool_backward(const T* dy, T* dx, index_t planes, index_t plane, bool accumulate) {
     for (index_t p = 0; p < planes; ++p) {
       const T share = dy[p] / static_cast<T>(plane);
       for (index_t s = 0; s < plane; ++s) dx[p * plane + s] = accumulate ? dx[p * plane + s] + share : share;

@@ -195,7 +195,7 @@ struct recurrent_kernels {
 
   // Reorders a (a, b, width) array as (b, a, width): batch-first <-> time-major.
   template <class T>
-  static void swap_leading(const T* in, T* out, index_t a, index_t b, index_t width) {
+  KILN_KERNEL static void swap_leading(const T* in, T* out, index_t a, index_t b, index_t width) {
     for (index_t i = 0; i < a; ++i)
       for (index_t j = 0; j < b; ++j)
         std::memcpy(out + (j * a + i) * width, in + (i * b + j) * width, static_cast<std::size_t>(width) * sizeof(T));
@@ -204,7 +204,7 @@ struct recurrent_kernels {
   // Inverted dropout between stacked layers: mask[i] = 0 with probability p, else 1 / (1 - p), drawn from rng in
   // order; y = x * mask. (Kept here, not shared with a Dropout layer, until a dropout kernel lands in the policy.)
   template <class T>
-  static void recurrent_dropout_forward(const T* x, T* y, T* mask, index_t n, T p, random_generator& rng) {
+  KILN_KERNEL static void recurrent_dropout_forward(const T* x, T* y, T* mask, index_t n, T p, random_generator& rng) {
     T keep = p < T(1) ? T(1) / (T(1) - p) : T(0);
     for (index_t i = 0; i < n; ++i) {
       mask[i] = rng.uniform<T>() < p ? T(0) : keep;

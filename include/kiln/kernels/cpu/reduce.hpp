@@ -28,7 +28,7 @@ struct reduce_kernels {
     return sum_rows_chains(int((std::min(strip_width, cols - s0) + W - 1) / W));
   }
   template <class T>
-  static void sum_rows(const T* x, T* column_sums, index_t rows, index_t cols, bool accumulate) {
+  KILN_KERNEL static void sum_rows(const T* x, T* column_sums, index_t rows, index_t cols, bool accumulate) {
     constexpr int W = gemm_detail::simd<T>::width;
     for (index_t c0 = 0; c0 < cols; c0 += 4 * W) {
       const int strip = int(std::min<index_t>(4 * W, cols - c0));
@@ -44,7 +44,7 @@ struct reduce_kernels {
   // whole matrix, so that the sums are sum_rows's bits: for a caller that shares a matrix's columns out over threads
   // (fused_mlp.hpp). c0 must be a multiple of the vector width (16 is one on every target).
   template <class T>
-  static void sum_rows_part(const T* x, T* column_sums, index_t rows, index_t cols, index_t c0, index_t c1,
+  KILN_KERNEL static void sum_rows_part(const T* x, T* column_sums, index_t rows, index_t cols, index_t c0, index_t c1,
                             bool accumulate) {
     constexpr index_t W = gemm_detail::simd<T>::width, strip_width = 4 * W;
     for (index_t s0 = c0 / strip_width * strip_width; s0 < c1; s0 += strip_width) {
@@ -58,19 +58,19 @@ struct reduce_kernels {
     }
   }
   template <class T>
-  static T sum(const T* x, index_t n) {
+  KILN_KERNEL static T sum(const T* x, index_t n) {
     sum_type<T> total = 0;
     for (index_t i = 0; i < n; ++i) total += x[i];
     return static_cast<T>(total);
   }
   template <class T>
-  static T sum_abs(const T* x, index_t n) {
+  KILN_KERNEL static T sum_abs(const T* x, index_t n) {
     sum_type<T> total = 0;
     for (index_t i = 0; i < n; ++i) total += x[i] < T(0) ? -x[i] : x[i];
     return static_cast<T>(total);
   }
   template <class T>
-  static T sum_squares(const T* x, index_t n) {
+  KILN_KERNEL static T sum_squares(const T* x, index_t n) {
     sum_type<T> total = 0;
     for (index_t i = 0; i < n; ++i) total += sum_type<T>(x[i]) * x[i];
     return static_cast<T>(total);

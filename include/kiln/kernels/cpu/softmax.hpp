@@ -14,7 +14,7 @@ namespace kiln::kernels::cpu {
 struct softmax_kernels {
   // y = softmax(x) or log_softmax(x) along the middle extent; y may alias x. Computed stably: subtract the maximum.
   template <class T>
-  static void softmax_forward(const T* x, T* y, index_t outer, index_t size, index_t inner, bool log) {
+  KILN_KERNEL static void softmax_forward(const T* x, T* y, index_t outer, index_t size, index_t inner, bool log) {
     for (index_t o = 0; o < outer; ++o) {
       for (index_t in = 0; in < inner; ++in) {
         const T* xs = x + o * size * inner + in;
@@ -42,7 +42,7 @@ struct softmax_kernels {
   //   softmax:     dx = y * (dy - sum(dy * y))
   //   log-softmax: dx = dy - exp(y) * sum(dy)
   template <class T>
-  static void softmax_backward(const T* y, const T* dy, T* dx, index_t outer, index_t size, index_t inner, bool log,
+  KILN_KERNEL static void softmax_backward(const T* y, const T* dy, T* dx, index_t outer, index_t size, index_t inner, bool log,
                                bool accumulate = false) {
     for (index_t o = 0; o < outer; ++o) {
       for (index_t in = 0; in < inner; ++in) {

@@ -1,0 +1,29 @@
+// The optional compiled mode, as in fmt and spdlog: the same headers, with the kernels compiled once into a library.
+//
+// kiln is header-only by default: a program that adds include/ to its include path compiles every kernel it calls
+// (the GEMM routes, convolution, pooling, normalisation, recurrent cells, losses, optimizer updates) in each of its
+// translation units. With KILN_COMPILED_KERNELS defined (CMake: link kiln::kernels, which defines it), those kernels
+// are declared here as explicit instantiations kept elsewhere (`extern template`), and the library kiln_kernels holds
+// their one copy. What depends on a model's types (layers, Sequential, the modules) is still compiled in the program.
+//
+// The kernels are the same source in both modes and the library is built with the program's flags, so both modes give
+// the same bits (tests/test_compiled_kernels.cpp trains one model each way).
+//
+// Contract of a kernel entry (an element of a KILN_*_KERNELS list below):
+//   requires: a function template whose template arguments, given in the list, name exactly one specialisation, and
+//             which is not implicitly inline, or is marked KILN_KERNEL (a member defined in its class is inline,
+//             and an inline function is instantiated wherever it is called, extern or not);
+//   ensures:  in compiled mode every call to that specialisation is a call into kiln_kernels, and its definition is
+//             never instantiated in the program; in header-only mode nothing changes.
+#pragma once
+
+#if defined(KILN_COMPILED_KERNELS)
+// Out of line in compiled mode, so that the explicit instantiation declaration holds for members defined in a class.
+#define KILN_KERNEL __attribute__((noinline))
+#else
+#define KILN_KERNEL
+#endif
+
+// X-macro callbacks: one entry is (function, template arguments...).
+#define KILN_EXTERN_KERNEL(function, ...) extern template decltype(function<__VA_ARGS__>) function<__VA_ARGS__>;
+#define KILN_INSTANTIATE_KERNEL(function, ...) template decltype(function<__VA_ARGS__>) function<__VA_ARGS__>;
