@@ -106,10 +106,10 @@ if(KILN_HAVE_CUDA)
 endif()
 
 # kiln_cuda_executable(name source...): one of kiln's own CUDA programs (tests/cuda, bench/cuda), linked to kiln::cuda
-# with the project's warnings. Call it only when KILN_HAVE_CUDA is ON.
+# and its CPU kernels compiled once (kiln::kernels), with the project's warnings. Call it only when KILN_HAVE_CUDA is ON.
 function(kiln_cuda_executable name)
   add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE kiln::cuda kiln_cuda_options)
+  target_link_libraries(${name} PRIVATE kiln::cuda kiln::kernels kiln_cuda_options)
   if(TARGET kiln::blas)
     target_link_libraries(${name} PRIVATE kiln::blas)
   endif()

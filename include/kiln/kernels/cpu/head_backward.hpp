@@ -114,7 +114,7 @@ inline void head_backward_part(const float* head, const float* h, const float* w
       };
       [&]<int... Counts>(std::integer_sequence<int, Counts...>) {
         const int count = int(std::min<index_t>(group, out - o0));
-        ((count == Counts + 1 ? (outputs.template operator()<Counts + 1>(), true) : false) || ...);
+        (void)((count == Counts + 1 ? (outputs.template operator()<Counts + 1>(), true) : false) || ...);
       }(std::make_integer_sequence<int, group>{});
     }
   }
