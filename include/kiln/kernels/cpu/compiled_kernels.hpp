@@ -58,12 +58,16 @@
   X(kiln::kernels::cpu::optim_kernels::adagrad_update, T)                        \
   X(kiln::kernels::cpu::optim_kernels::regularize_gradient, T)
 
+// A convolution's forward and backward on one policy's GEMM.
+#define KILN_CPU_CONVOLUTIONS(X, Policy, T)                       \
+  X(kiln::kernels::cpu::conv_kernels::conv2d_forward, Policy, T)  \
+  X(kiln::kernels::cpu::conv_kernels::conv2d_backward, Policy, T)
+
 // Convolution (on the CPU policies' own GEMM), pooling, normalisation and dropout.
 #define KILN_CPU_CNN_KERNELS(X, T)                                                           \
   X(kiln::kernels::cpu::conv_kernels::im2col, T)                                             \
   X(kiln::kernels::cpu::conv_kernels::col2im, T)                                             \
-  X(kiln::kernels::cpu::conv_kernels::conv2d_forward, kiln::policy::cpu, T)                  \
-  X(kiln::kernels::cpu::conv_kernels::conv2d_backward, kiln::policy::cpu, T)                 \
+  KILN_CPU_CONVOLUTIONS(X, kiln::policy::cpu, T)                                             \
   X(kiln::kernels::cpu::conv_kernels::add_channel_bias, T)                                   \
   X(kiln::kernels::cpu::conv_kernels::sum_channels, T)                                       \
   X(kiln::kernels::cpu::pooling_kernels::max_pool_forward, T)                                \
@@ -83,11 +87,9 @@
   X(kiln::kernels::cpu::dropout_kernels::dropout_backward, T)
 
 // The convolutions of the policies that fix a precision (float only: their precision is that of float products).
-#define KILN_CPU_FIXED_PRECISION_CNN_KERNELS(X)                                              \
-  X(kiln::kernels::cpu::conv_kernels::conv2d_forward, kiln::policy::cpu_bf16, float)         \
-  X(kiln::kernels::cpu::conv_kernels::conv2d_backward, kiln::policy::cpu_bf16, float)        \
-  X(kiln::kernels::cpu::conv_kernels::conv2d_forward, kiln::policy::cpu_bf16x3, float)       \
-  X(kiln::kernels::cpu::conv_kernels::conv2d_backward, kiln::policy::cpu_bf16x3, float)
+#define KILN_CPU_FIXED_PRECISION_CNN_KERNELS(X)                   \
+  KILN_CPU_CONVOLUTIONS(X, kiln::policy::cpu_bf16, float)         \
+  KILN_CPU_CONVOLUTIONS(X, kiln::policy::cpu_bf16x3, float)
 
 // The recurrent cells and the sparse-input products.
 #define KILN_CPU_RECURRENT_KERNELS(X, T)                                                     \
