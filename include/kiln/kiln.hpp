@@ -28,3 +28,4 @@
 #include "kiln/policy.hpp"
 #include "kiln/static/fused_mlp.hpp"
 #include "kiln/static/sequential.hpp"
+#include "kiln/optim/compiled_optimizers.hpp"

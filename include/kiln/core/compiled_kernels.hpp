@@ -27,3 +27,6 @@
 // X-macro callbacks: one entry is (function, template arguments...).
 #define KILN_EXTERN_KERNEL(function, ...) extern template decltype(function<__VA_ARGS__>) function<__VA_ARGS__>;
 #define KILN_INSTANTIATE_KERNEL(function, ...) template decltype(function<__VA_ARGS__>) function<__VA_ARGS__>;
+// One entry is (class template, template arguments...): every member of that specialisation is in the library.
+#define KILN_EXTERN_CLASS(class_template, ...) extern template class class_template<__VA_ARGS__>;
+#define KILN_INSTANTIATE_CLASS(class_template, ...) template class class_template<__VA_ARGS__>;

@@ -35,3 +35,4 @@
 #include "kiln/dynamic/variable.hpp"
 #include "kiln/optim/adam.hpp"
 #include "kiln/optim/sgd.hpp"
+#include "kiln/dynamic/compiled_modules.hpp"

@@ -6,6 +6,8 @@
 
 #ifndef KILN_DYNAMIC_POLICY
 #define KILN_DYNAMIC_POLICY ::kiln::policy::cpu
+// The compiled mode holds the dynamic mode for this policy only (dynamic/compiled_modules.hpp).
+#define KILN_DYNAMIC_POLICY_IS_DEFAULT 1
 #endif
 
 namespace kiln::nn {

@@ -102,6 +102,29 @@
 #define KILN_CPU_SPARSE_INPUT_KERNELS(X)                                                     \
   X(kiln::kernels::cpu::sparse_input_kernels::dense_forward_sparse_input, float)             \
   X(kiln::kernels::cpu::sparse_input_kernels::dense_weight_gradient_sparse_input, float)
+// The one-pass head backward of static mode's fused epilogues (head_backward.hpp): every group size its outputs take
+// with 16 or 8 lanes.
+#define KILN_CPU_HEAD_BACKWARD_KERNELS(X) \
+  X(kiln::kernels::cpu::head_backward_outputs, 1, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 1, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 2, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 2, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 3, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 3, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 4, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 4, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 5, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 5, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 6, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 6, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 7, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 7, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 8, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 8, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 9, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 9, false)  \
+  X(kiln::kernels::cpu::head_backward_outputs, 10, true)   \
+  X(kiln::kernels::cpu::head_backward_outputs, 10, false)
 
 // Every list, with both element types where it takes one.
 #define KILN_CPU_KERNELS(X)                                                                   \
@@ -114,7 +137,8 @@
   KILN_CPU_FIXED_PRECISION_CNN_KERNELS(X)                                                     \
   KILN_CPU_RECURRENT_KERNELS(X, float)                                                        \
   KILN_CPU_RECURRENT_KERNELS(X, double)                                                       \
-  KILN_CPU_SPARSE_INPUT_KERNELS(X)
+  KILN_CPU_SPARSE_INPUT_KERNELS(X)                                                            \
+  KILN_CPU_HEAD_BACKWARD_KERNELS(X)
 
 #if defined(KILN_COMPILED_KERNELS)
 KILN_CPU_KERNELS(KILN_EXTERN_KERNEL)
