@@ -58,16 +58,6 @@ constexpr index_t align_up(index_t n, index_t to) { return (n + to - 1) / to * t
 inline constexpr index_t parameter_alignment = 16;
 template <class B>
 concept describes_parameters = requires { B::parameter_tensors(); };
-// Appends one layer's tensors to `out` under PyTorch's Sequential names ("<torch_index>.<name>"), their offsets moved
-// by the layer's `offset`. Not a template, so each model's naming code is a call per layer, not a copy of this loop.
-inline void append_named_tensors(std::vector<static_parameter_info>& out, std::vector<static_parameter_info> tensors,
-                                 int torch_index, index_t offset) {
-  for (static_parameter_info& info : tensors) {
-    info.name = std::to_string(torch_index) + "." + info.name;
-    info.offset += offset;
-    out.push_back(std::move(info));
-  }
-}
 template <class B>
 concept has_buffers = requires { B::buffer_count; B::buffer_tensors(); };
 template <class B>
@@ -438,8 +428,13 @@ class Sequential {
     std::vector<static_parameter_info> out;
     int torch_index = 0;
     for_each_layer([&]<std::size_t I>() {
-      if constexpr (detail::describes_parameters<bound<I>>)
-        detail::append_named_tensors(out, bound<I>::parameter_tensors(), torch_index, param_offsets[I]);
+      if constexpr (detail::describes_parameters<bound<I>>) {
+        for (auto info : bound<I>::parameter_tensors()) {
+          info.name = std::to_string(torch_index) + "." + info.name;
+          info.offset += param_offsets[I];
+          out.push_back(info);
+        }
+      }
       torch_index += 1;
       if constexpr (detail::has_fused_activation<layer<I>>)
         if (layer<I>::fused_activation != activation::identity) torch_index += 1;
@@ -452,8 +447,13 @@ class Sequential {
     std::vector<static_parameter_info> out;
     int torch_index = 0;
     for_each_layer([&]<std::size_t I>() {
-      if constexpr (detail::has_buffers<bound<I>>)
-        detail::append_named_tensors(out, bound<I>::buffer_tensors(), torch_index, buffer_offsets[I]);
+      if constexpr (detail::has_buffers<bound<I>>) {
+        for (auto info : bound<I>::buffer_tensors()) {
+          info.name = std::to_string(torch_index) + "." + info.name;
+          info.offset += buffer_offsets[I];
+          out.push_back(info);
+        }
+      }
       torch_index += 1;
       if constexpr (detail::has_fused_activation<layer<I>>)
         if (layer<I>::fused_activation != activation::identity) torch_index += 1;
