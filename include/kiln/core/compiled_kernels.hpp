@@ -27,6 +27,10 @@
 // X-macro callbacks: one entry is (function, template arguments...).
 #define KILN_EXTERN_KERNEL(function, ...) extern template decltype(function<__VA_ARGS__>) function<__VA_ARGS__>;
 #define KILN_INSTANTIATE_KERNEL(function, ...) template decltype(function<__VA_ARGS__>) function<__VA_ARGS__>;
+// An overloaded function template, which decltype cannot name: one entry is (return type, function, template argument,
+// parenthesised parameter types).
+#define KILN_EXTERN_OVERLOAD(result, function, argument, parameters) extern template result function<argument> parameters;
+#define KILN_INSTANTIATE_OVERLOAD(result, function, argument, parameters) template result function<argument> parameters;
 // One entry is (class template, template arguments...): every member of that specialisation is in the library.
 #define KILN_EXTERN_CLASS(class_template, ...) extern template class class_template<__VA_ARGS__>;
 #define KILN_INSTANTIATE_CLASS(class_template, ...) template class class_template<__VA_ARGS__>;

@@ -58,6 +58,15 @@
   X(kiln::kernels::cpu::optim_kernels::adagrad_update, T)                        \
   X(kiln::kernels::cpu::optim_kernels::regularize_gradient, T)
 
+// Softmax cross-entropy's two overloads (plain, and with class weights, ignored labels and label smoothing); entries
+// of KILN_EXTERN_OVERLOAD.
+#define KILN_CPU_OVERLOADED_KERNELS(X, T)                                                                        \
+  X(T, kiln::kernels::cpu::loss_kernels::softmax_cross_entropy, T,                                               \
+    (const T*, const std::int64_t*, kiln::index_t, kiln::index_t, kiln::reduction, T*, T))                       \
+  X(T, kiln::kernels::cpu::loss_kernels::softmax_cross_entropy, T,                                               \
+    (const T*, const std::int64_t*, kiln::index_t, kiln::index_t, kiln::reduction,                               \
+     const kiln::kernels::class_loss_options<T>&, T*, T))
+
 // A convolution's forward and backward on one policy's GEMM.
 #define KILN_CPU_CONVOLUTIONS(X, Policy, T)                       \
   X(kiln::kernels::cpu::conv_kernels::conv2d_forward, Policy, T)  \
@@ -142,4 +151,6 @@
 
 #if defined(KILN_COMPILED_KERNELS)
 KILN_CPU_KERNELS(KILN_EXTERN_KERNEL)
+KILN_CPU_OVERLOADED_KERNELS(KILN_EXTERN_OVERLOAD, float)
+KILN_CPU_OVERLOADED_KERNELS(KILN_EXTERN_OVERLOAD, double)
 #endif

@@ -94,8 +94,8 @@ struct loss_kernels {
   // gradient row, which then sums and scales them in place. libm's expf, called twice per logit, took 3.6 us of an
   // MNIST MLP step (64 x 10). The loss is the same with or without a gradient: both sum the same values in order.
   template <class T>
-  static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
-                                 reduction r, T* grad, T upstream = T(1)) {
+  KILN_KERNEL static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows,
+                                             index_t classes, reduction r, T* grad, T upstream = T(1)) {
     check_class_labels("cross_entropy", labels, rows, classes, class_loss_options<T>{});
     const T scale = reduction_scale<T>("cross_entropy", r, rows);
     const T factor = scale * upstream;
@@ -124,8 +124,9 @@ struct loss_kernels {
   // (PyTorch's normalisation: a batch of only ignored rows gives NaN, and a zero gradient). The gradient is
   // p_c ((1 - s) w_y + (s / C) sum w) - (s / C) w_c - (1 - s) w_y [c = y]. Plain options run the kernel above.
   template <class T>
-  static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows, index_t classes,
-                                 reduction r, const class_loss_options<T>& o, T* grad, T upstream = T(1)) {
+  KILN_KERNEL static T softmax_cross_entropy(const T* logits, const std::int64_t* labels, index_t rows,
+                                             index_t classes, reduction r, const class_loss_options<T>& o, T* grad,
+                                             T upstream = T(1)) {
     if (o.plain()) return softmax_cross_entropy(logits, labels, rows, classes, r, grad, upstream);
     check_class_loss_options("cross_entropy", 0, classes, o.label_smoothing);
     const T scale = class_loss_scale("cross_entropy", labels, rows, classes, r, o), factor = scale * upstream;
