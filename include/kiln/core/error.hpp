@@ -18,7 +18,6 @@ class error : public std::runtime_error {
   explicit error(const std::string& what) : std::runtime_error(what) {}
 };
 
-// Builds a message from streamable parts and throws kiln::error; kept out of line so hot paths stay small.
 namespace detail {
 
 // One part of an error message: the value and the function that writes it (its type's operator<<). fail() passes its
@@ -57,7 +56,8 @@ message_part message_part_of(const T& value) {
 
 }  // namespace detail
 
-// Throws kiln::error with the parts written one after another, as `std::ostringstream() << parts...` would.
+// Throws kiln::error with the parts written one after another, as `std::ostringstream() << parts...` would; kept out
+// of line so hot paths stay small.
 template <class... Parts>
 [[noreturn]] __attribute__((noinline, cold)) void fail(const Parts&... parts) {
   detail::throw_error({detail::message_part_of(parts)...});

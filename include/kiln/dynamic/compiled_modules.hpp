@@ -1,7 +1,7 @@
 // The dynamic mode's share of the compiled mode (core/compiled_kernels.hpp): the module classes, the autograd tape
-// and the functional ops with their backward entries, for float and double on the default dynamic
-// policy. They depend on the element type only, so a program that links kiln::kernels takes them from the library
-// instead of compiling them in each translation unit; src/kernels/dynamic_*.cpp instantiate these lists.
+// and the functional ops with their backward entries, for float and double on the default dynamic policy. They depend
+// on the element type only, so a program that links kiln::kernels takes them from the library instead of compiling
+// them in each translation unit; src/kernels/dynamic_*.cpp instantiate these lists.
 //
 // Entries of KILN_DYNAMIC_FUNCTIONS follow the kernel contract of core/compiled_kernels.hpp (one specialisation named,
 // not inline). Entries of KILN_DYNAMIC_CLASSES are class templates: an explicit instantiation declaration of a class

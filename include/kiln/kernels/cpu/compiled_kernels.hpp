@@ -113,27 +113,14 @@
   X(kiln::kernels::cpu::sparse_input_kernels::dense_weight_gradient_sparse_input, float)
 // The one-pass head backward of static mode's fused epilogues (head_backward.hpp): every group size its outputs take
 // with 16 or 8 lanes.
-#define KILN_CPU_HEAD_BACKWARD_KERNELS(X) \
-  X(kiln::kernels::cpu::head_backward_outputs, 1, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 1, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 2, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 2, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 3, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 3, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 4, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 4, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 5, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 5, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 6, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 6, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 7, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 7, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 8, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 8, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 9, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 9, false)  \
-  X(kiln::kernels::cpu::head_backward_outputs, 10, true)   \
-  X(kiln::kernels::cpu::head_backward_outputs, 10, false)
+#define KILN_CPU_HEAD_BACKWARD_GROUP(X, Count)              \
+  X(kiln::kernels::cpu::head_backward_outputs, Count, true) \
+  X(kiln::kernels::cpu::head_backward_outputs, Count, false)
+#define KILN_CPU_HEAD_BACKWARD_KERNELS(X)                                                                       \
+  KILN_CPU_HEAD_BACKWARD_GROUP(X, 1) KILN_CPU_HEAD_BACKWARD_GROUP(X, 2) KILN_CPU_HEAD_BACKWARD_GROUP(X, 3) \
+  KILN_CPU_HEAD_BACKWARD_GROUP(X, 4) KILN_CPU_HEAD_BACKWARD_GROUP(X, 5) KILN_CPU_HEAD_BACKWARD_GROUP(X, 6) \
+  KILN_CPU_HEAD_BACKWARD_GROUP(X, 7) KILN_CPU_HEAD_BACKWARD_GROUP(X, 8) KILN_CPU_HEAD_BACKWARD_GROUP(X, 9) \
+  KILN_CPU_HEAD_BACKWARD_GROUP(X, 10)
 
 // Every list, with both element types where it takes one.
 #define KILN_CPU_KERNELS(X)                                                                   \
