@@ -207,7 +207,8 @@ TEST_CASE("safetensors: empty tensors overlap nothing, whatever their order in t
   io::write_safetensors(path, file);
   auto back = io::read_safetensors(path);
   REQUIRE(back.tensors.size() == 40);
-  for (int i = 0; i < 40; ++i) CHECK(back.tensors[static_cast<std::size_t>(i)].name == "t" + std::to_string(i));
+  for (int i = 0; i < 40; ++i)
+    CHECK(back.tensors[static_cast<std::size_t>(i)].name == std::string("t").append(std::to_string(i)));
 
   // Hand-made: the empty tensor listed after the one that starts at its offset.
   auto f = io::parse_safetensors(make_file(R"({"b":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"

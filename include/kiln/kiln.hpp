@@ -28,4 +28,5 @@
 #include "kiln/policy.hpp"
 #include "kiln/static/fused_mlp.hpp"
 #include "kiln/static/sequential.hpp"
+#include "kiln/layers/compiled_recurrent.hpp"
 #include "kiln/optim/compiled_optimizers.hpp"

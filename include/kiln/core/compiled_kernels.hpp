@@ -34,3 +34,18 @@
 // One entry is (class template, template arguments...): every member of that specialisation is in the library.
 #define KILN_EXTERN_CLASS(class_template, ...) extern template class class_template<__VA_ARGS__>;
 #define KILN_INSTANTIATE_CLASS(class_template, ...) template class class_template<__VA_ARGS__>;
+
+// A function that is not a template (a reader, the CPU's thread balance, a fused kernel's step) is compiled once in
+// the same way. Its header declares it KILN_LIBRARY_FUNCTION and defines it under
+// `#if defined(KILN_LIBRARY_DEFINITIONS)`:
+//   header-only mode: the definition is inline in every translation unit, as any function of a header-only library;
+//   compiled mode:    the header declares it only, and src/kernels/library_functions.cpp, which defines
+//                     KILN_LIBRARY_DEFINITIONS before including the headers, holds its one definition.
+#if defined(KILN_COMPILED_KERNELS)
+#define KILN_LIBRARY_FUNCTION
+#else
+#define KILN_LIBRARY_FUNCTION inline
+#if !defined(KILN_LIBRARY_DEFINITIONS)
+#define KILN_LIBRARY_DEFINITIONS
+#endif
+#endif

@@ -25,6 +25,7 @@
 #include <omp.h>
 #endif
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/data/dataset.hpp"
@@ -71,7 +72,7 @@ class data_loader {
     std::span<const index_t> samples;   // data set indices of the rows
   };
 
-  data_loader(const D& data, loader_options<feature_type> options = {})
+  KILN_KERNEL data_loader(const D& data, loader_options<feature_type> options = {})
       : data_(&data), options_(std::move(options)) {
     if (options_.batch_size <= 0) fail("data_loader: batch_size must be positive, found ", options_.batch_size);
     if (options_.prefetch < 0) fail("data_loader: prefetch must be >= 0, found ", options_.prefetch);
@@ -106,7 +107,7 @@ class data_loader {
   const loader_options<feature_type>& options() const { return options_; }
 
   // Begins epoch `epoch` (any number; the same number gives the same batches). Stops an epoch in progress.
-  void start_epoch(std::uint64_t epoch) {
+  KILN_KERNEL void start_epoch(std::uint64_t epoch) {
     stop();
     epoch_ = epoch;
     for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<index_t>(i);
@@ -127,7 +128,7 @@ class data_loader {
 
   // The next batch of the current epoch, or nullptr at its end. The batch stays valid until the next call.
   // An exception thrown by the data set or a transform is rethrown here, at the batch it happened in.
-  const batch* next() {
+  KILN_KERNEL const batch* next() {
     if (!started_) fail("data_loader::next: call start_epoch(e) or epoch(e) first");
     if (options_.prefetch == 0) {
       if (consumed_ >= count_) return nullptr;
@@ -192,7 +193,7 @@ class data_loader {
   };
 
   // Assembles batch b of the current epoch into slot s: copy each sample, then transform it with its own stream.
-  void fill(slot& s, index_t b) {
+  KILN_KERNEL void fill(slot& s, index_t b) {
     const index_t first = b * options_.batch_size;
     const index_t rows = std::min(options_.batch_size, data_->size() - first);
     const shape sample = data_->sample_shape(), label = data_->label_shape();
@@ -236,7 +237,7 @@ class data_loader {
   }
 
   // The background thread: fills batch b once the caller has released the batch that used its slot before.
-  void produce() {
+  KILN_KERNEL void produce() {
     const auto depth = static_cast<index_t>(slots_.size());
     for (index_t b = 0; b < count_; ++b) {
       {
@@ -259,7 +260,7 @@ class data_loader {
     }
   }
 
-  void stop() {
+  KILN_KERNEL void stop() {
     if (worker_.joinable()) {
       {
         std::lock_guard lock(mutex_);
@@ -288,3 +289,5 @@ class data_loader {
 };
 
 }  // namespace kiln::data
+
+#include "kiln/data/compiled_loaders.hpp"

@@ -9,16 +9,17 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::data {
 
 namespace detail {
-inline std::filesystem::path executable_dir() {
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);  // Linux; elsewhere this step is skipped
-  return ec ? std::filesystem::path() : exe.parent_path();
-}
+KILN_LIBRARY_FUNCTION std::filesystem::path executable_dir();
+// find_data_dir's search, with the source tree to look in (nullptr: none), which the program's definition gives.
+KILN_LIBRARY_FUNCTION std::filesystem::path find_data_dir(const std::string& subdir,
+                                                          const std::filesystem::path& explicit_path,
+                                                          const char* source_dir);
 }  // namespace detail
 
 // Returns the directory holding data set `subdir` (e.g. "mnist"), looking in this order:
@@ -30,6 +31,23 @@ inline std::filesystem::path executable_dir() {
 //   6. data/subdir and ../shared/data/subdir next to the executable and up to three directories above it
 // Throws kiln::error listing every place tried and how to get the data (scripts/fetch_data).
 inline std::filesystem::path find_data_dir(const std::string& subdir, const std::filesystem::path& explicit_path = {}) {
+#ifdef KILN_SOURCE_DIR
+  return detail::find_data_dir(subdir, explicit_path, KILN_SOURCE_DIR);
+#else
+  return detail::find_data_dir(subdir, explicit_path, nullptr);
+#endif
+}
+
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION std::filesystem::path detail::executable_dir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);  // Linux; elsewhere this step is skipped
+  return ec ? std::filesystem::path() : exe.parent_path();
+}
+
+KILN_LIBRARY_FUNCTION std::filesystem::path detail::find_data_dir(const std::string& subdir,
+                                                                  const std::filesystem::path& explicit_path,
+                                                                  const char* source_dir) {
   namespace fs = std::filesystem;
   std::vector<std::pair<std::string, fs::path>> tried;  // (why, where)
   auto try_dir = [&](std::string why, const fs::path& dir) -> bool {
@@ -55,15 +73,13 @@ inline std::filesystem::path find_data_dir(const std::string& subdir, const std:
   if (try_dir("./data", fs::path("data") / subdir)) return fs::path("data") / subdir;
   if (try_dir("../shared/data", fs::path("..") / "shared" / "data" / subdir))
     return fs::path("..") / "shared" / "data" / subdir;
-#ifdef KILN_SOURCE_DIR
-  {
-    fs::path source(KILN_SOURCE_DIR);
+  if (source_dir) {
+    fs::path source(source_dir);
     if (try_dir("source tree", source / "data" / subdir)) return source / "data" / subdir;
     if (try_dir("source tree", source.parent_path() / "shared" / "data" / subdir))
       return source.parent_path() / "shared" / "data" / subdir;
   }
-#endif
-  fs::path dir = detail::executable_dir();
+  fs::path dir = executable_dir();
   for (int up = 0; up < 4 && !dir.empty(); ++up, dir = dir.parent_path()) {
     if (try_dir("near the executable", dir / "data" / subdir)) return dir / "data" / subdir;
     if (try_dir("near the executable", dir.parent_path() / "shared" / "data" / subdir))
@@ -81,5 +97,6 @@ inline std::filesystem::path find_data_dir(const std::string& subdir, const std:
              "MD5-checked; default DIR ./data), then pass --data DIR or set KILN_DATA=DIR.";
   throw error(message);
 }
+#endif
 
 }  // namespace kiln::data

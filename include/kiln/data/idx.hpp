@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/data/byte_source.hpp"
 
@@ -32,7 +33,9 @@ inline const char* idx_type_name(unsigned code) {
 // Reads an unsigned-byte IDX file of any rank (1 to 8) into a tensor of that shape. Throws kiln::error naming the file
 // and the byte offset for a wrong magic, another element type, a truncated file, data beyond the declared size or a
 // corrupt gzip stream. Memory grows only with data actually read, so a lying header cannot trigger a huge allocation.
-inline Tensor<std::uint8_t> read_idx(const std::filesystem::path& path) {
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path& path);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path& path) {
   byte_source in(path);
   unsigned char magic[4];
   in.read_exact(magic, 4, "IDX magic number");
@@ -82,15 +85,19 @@ inline Tensor<std::uint8_t> read_idx(const std::filesystem::path& path) {
                "): the counts disagree with the file size");
   return result;
 }
+#endif
 
 // An images file: rank 3, (N, rows, cols).
-inline Tensor<std::uint8_t> read_idx_images(const std::filesystem::path& path) {
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx_images(const std::filesystem::path& path);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx_images(const std::filesystem::path& path) {
   Tensor<std::uint8_t> images = read_idx(path);
   if (images.rank() != 3)
     fail(path.string(), ": at byte offset 3: expected an IDX images file of rank 3 (N, rows, cols), found rank ",
          images.rank(), " with shape ", images.shape());
   return images;
 }
+#endif
 
 // A labels file: rank 1, (N). Label = std::uint8_t keeps the bytes; std::int64_t gives class indices for losses.
 template <class Label = std::uint8_t>

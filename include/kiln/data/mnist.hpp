@@ -7,6 +7,7 @@
 #include <string>
 #include <system_error>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/data/dataset.hpp"
 #include "kiln/data/idx.hpp"
 
@@ -32,8 +33,12 @@ struct mnist_options {
 // Loads `dir`/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] as images (N, 28, 28) float and labels (N) int64.
 // Works for MNIST and Fashion-MNIST alike (same files, same format). Throws kiln::error for a missing file, counts
 // that disagree between images and labels, images that are not 28x28 or labels outside 0-9.
-inline tensor_dataset<float, std::int64_t> load_mnist(const std::filesystem::path& dir, split which = split::train,
-                                                      const mnist_options& options = {}) {
+KILN_LIBRARY_FUNCTION tensor_dataset<float, std::int64_t> load_mnist(const std::filesystem::path& dir,
+                                                                     split which = split::train,
+                                                                     const mnist_options& options = {});
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION tensor_dataset<float, std::int64_t> load_mnist(const std::filesystem::path& dir, split which,
+                                                                     const mnist_options& options) {
   const std::string prefix = which == split::train ? "train" : "t10k";
   auto locate = [&](const std::string& stem) {
     std::error_code ec;
@@ -70,5 +75,6 @@ inline tensor_dataset<float, std::int64_t> load_mnist(const std::filesystem::pat
   }
   return {std::move(images), std::move(labels)};
 }
+#endif
 
 }  // namespace kiln::data

@@ -14,6 +14,7 @@
 
 #include "kiln/core/compiled_kernels.hpp"
 #include "kiln/dynamic/nn.hpp"
+#include "kiln/layers/compiled_recurrent.hpp"
 #include "kiln/optim/compiled_optimizers.hpp"
 
 #define KILN_DYNAMIC_CLASSES(X, T)                      \
@@ -62,6 +63,8 @@
   X(kiln::nn::detail::layer_norm_backward_entry, T)              \
   X(kiln::nn::detail::dropout_backward_entry, T)                 \
   X(kiln::nn::detail::rnn_select_backward, T)                    \
+  X(kiln::nn::detail::rnn_backward_entry, kiln::lstm_cell, T)    \
+  X(kiln::nn::detail::rnn_backward_entry, kiln::gru_cell, T)     \
   X(kiln::nn::detail::stack_states_backward, T)                  \
   X(kiln::nn::detail::spread_backward, T)                        \
   X(kiln::nn::detail::reshape_backward, T)                       \
@@ -88,6 +91,8 @@
   X(kiln::nn::batch_norm, T)                                     \
   X(kiln::nn::layer_norm, T)                                     \
   X(kiln::nn::dropout, T)                                        \
+  X(kiln::nn::rnn_op, kiln::lstm_cell, T)                        \
+  X(kiln::nn::rnn_op, kiln::gru_cell, T)                         \
   X(kiln::nn::rnn_select, T)                                     \
   X(kiln::nn::stack_states, T)                                   \
   X(kiln::nn::sum, T)                                            \
@@ -99,9 +104,16 @@
   X(kiln::nn::clip_grad_norm, T)                                 \
   X(kiln::nn::clip_grad_value, T)
 
+// Member templates, which the class entries leave out: (result, member, template argument, parenthesised parameters).
+#define KILN_DYNAMIC_MEMBER_TEMPLATES(X, T)                                                                \
+  X(void, kiln::nn::basic_module<T>::load_state_dict, kiln::nn::basic_module<T>::state_dict_type,          \
+    (const kiln::nn::basic_module<T>::state_dict_type&, bool))
+
 #if defined(KILN_COMPILED_KERNELS) && defined(KILN_DYNAMIC_POLICY_IS_DEFAULT)
 KILN_DYNAMIC_CLASSES(KILN_EXTERN_CLASS, float)
 KILN_DYNAMIC_CLASSES(KILN_EXTERN_CLASS, double)
 KILN_DYNAMIC_FUNCTIONS(KILN_EXTERN_KERNEL, float)
 KILN_DYNAMIC_FUNCTIONS(KILN_EXTERN_KERNEL, double)
+KILN_DYNAMIC_MEMBER_TEMPLATES(KILN_EXTERN_OVERLOAD, float)
+KILN_DYNAMIC_MEMBER_TEMPLATES(KILN_EXTERN_OVERLOAD, double)
 #endif

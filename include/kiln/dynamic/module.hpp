@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
@@ -146,7 +147,7 @@ class basic_module {
   }
 
   // Copies of every parameter and buffer under PyTorch's names.
-  state_dict_type state_dict() const {
+  KILN_KERNEL state_dict_type state_dict() const {
     state_dict_type dict;
     for_each_state("", [&](const std::string& key, const variable& v) {
       dict.emplace_back(key, v.tensor());
@@ -157,7 +158,7 @@ class basic_module {
   // Everything is checked first: a shape mismatch, and with strict a missing or unexpected name, throws kiln::error
   // naming each offending key (and both shapes), and leaves the module unchanged.
   template <class Dict>
-  void load_state_dict(const Dict& dict, bool strict = true) {
+  KILN_KERNEL void load_state_dict(const Dict& dict, bool strict = true) {
     std::map<std::string, const Tensor<T>*> given;
     std::vector<std::string> problems;
     for (const auto& [key, tensor] : dict)

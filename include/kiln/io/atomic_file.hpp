@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::io {
@@ -24,20 +25,7 @@ namespace detail {
 // An open temporary file that is removed again unless committed (renamed into place), whatever fails in between.
 class temporary_file {
  public:
-  explicit temporary_file(const std::filesystem::path& target) {
-    // A name nobody else is likely to be using: a clash only costs another try, since the open is exclusive.
-    static std::atomic<unsigned> counter{0};
-    for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-      path_ = target;
-      path_ += ".tmp-kiln-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-               std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-      if (fd_ < 0 && errno != EEXIST) break;
-    }
-    if (fd_ < 0)
-      fail("cannot create a temporary file next to '", target.string(), "' (tried '", path_.string(), "'): ",
-           std::strerror(errno));
-  }
+  explicit temporary_file(const std::filesystem::path& target);
   temporary_file(const temporary_file&) = delete;
   temporary_file& operator=(const temporary_file&) = delete;
   ~temporary_file() {
@@ -74,14 +62,33 @@ class temporary_file {
   int fd_ = -1;
   bool committed_ = false;
 };
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION temporary_file::temporary_file(const std::filesystem::path& target) {
+  // A name nobody else is likely to be using: a clash only costs another try, since the open is exclusive.
+  static std::atomic<unsigned> counter{0};
+  for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
+    path_ = target;
+    path_ += ".tmp-kiln-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
+             std::to_string(std::chrono::steady_clock::now().time_since_epoch().count() % 1000000);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd_ < 0 && errno != EEXIST) break;
+  }
+  if (fd_ < 0)
+    fail("cannot create a temporary file next to '", target.string(), "' (tried '", path_.string(), "'): ",
+         std::strerror(errno));
+}
+#endif
 }  // namespace detail
 
-inline void write_file_atomically(const std::filesystem::path& path, std::string_view contents) {
+KILN_LIBRARY_FUNCTION void write_file_atomically(const std::filesystem::path& path, std::string_view contents);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION void write_file_atomically(const std::filesystem::path& path, std::string_view contents) {
   detail::temporary_file temporary(path);
   if (!temporary.write_all(contents))
     fail("writing '", temporary.path().string(), "' failed after ", contents.size(), " bytes were requested: ",
          std::strerror(errno));
   temporary.commit(path);
 }
+#endif
 
 }  // namespace kiln::io

@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::io::json {
@@ -328,7 +329,12 @@ class parser {
 };
 
 // Parses a whole JSON text; offsets in errors count from base_offset.
-inline value parse(std::string_view text, std::size_t base_offset = 0) { return parser(text, base_offset).parse_document(); }
+KILN_LIBRARY_FUNCTION value parse(std::string_view text, std::size_t base_offset = 0);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION value parse(std::string_view text, std::size_t base_offset) {
+  return parser(text, base_offset).parse_document();
+}
+#endif
 
 // Appends s as a quoted JSON string.
 inline void write_string(std::string& out, std::string_view s) {

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/io/json.hpp"
@@ -76,7 +77,9 @@ inline std::int64_t st_checked_numel(const kiln::shape& s) {
 }  // namespace detail
 
 // Parses a safetensors file held in memory; `source` names it in error messages.
-inline st_file parse_safetensors(std::string_view bytes, const std::string& source = "safetensors data") {
+KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const std::string& source = "safetensors data");
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const std::string& source) {
   if (bytes.size() < 8)
     fail("safetensors '", source, "': expected at least 8 bytes (the header length), found ", bytes.size());
   std::uint64_t n = 0;
@@ -185,9 +188,12 @@ inline st_file parse_safetensors(std::string_view bytes, const std::string& sour
   file.tensors = std::move(ordered);
   return file;
 }
+#endif
 
 // Reads and parses a whole safetensors file.
-inline st_file read_safetensors(const std::filesystem::path& path) {
+KILN_LIBRARY_FUNCTION st_file read_safetensors(const std::filesystem::path& path);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION st_file read_safetensors(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     fail("safetensors: cannot read '", path.string(), "': expected a file, found a directory");
@@ -203,6 +209,7 @@ inline st_file read_safetensors(const std::filesystem::path& path) {
   if (in.bad()) fail("safetensors: reading '", path.string(), "' failed");
   return parse_safetensors(bytes, path.string());
 }
+#endif
 
 namespace detail {
 // The first I64 value of t that a floating T cannot hold exactly, if any. PyTorch stores counters such as BatchNorm's

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/shape.hpp"
 #include "kiln/core/tensor.hpp"
@@ -158,7 +159,9 @@ inline void st_check_unique(std::vector<std::string_view> names, const char* wha
 }  // namespace detail
 
 // The file's bytes: header length, JSON header (padded with spaces to 8-byte alignment) and data, tensors in order.
-inline std::string serialize_safetensors(const st_file& file) {
+KILN_LIBRARY_FUNCTION std::string serialize_safetensors(const st_file& file);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION std::string serialize_safetensors(const st_file& file) {
   std::vector<std::string_view> keys, names;
   for (const auto& [k, v] : file.metadata) keys.push_back(k);
   for (const auto& t : file.tensors) names.push_back(t.name);
@@ -211,6 +214,7 @@ inline std::string serialize_safetensors(const st_file& file) {
   for (const auto& t : file.tensors) out += t.bytes;
   return out;
 }
+#endif
 
 // Writes the file through a temporary next to it, renamed into place.
 inline void write_safetensors(const std::filesystem::path& path, const st_file& file) {

@@ -27,6 +27,7 @@
 #include <optional>
 #include <utility>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/config.hpp"
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/activation.hpp"
@@ -145,9 +146,13 @@ inline void prefetch_for_writing(const float* h, index_t batch, index_t hidden, 
 // units (the forward product and everything after the second barrier), which is what the split's balance learns the
 // threads' speeds from: the time to the end of the step would also count the waits at the barriers. `listings`: room
 // for the team's listings of the batch where the hidden layer takes the sparse-input products, null where it does not.
-inline float step_part(const fused_mlp_step_arguments& a, int id, int team, index_t u0, index_t u1,
-                       std::chrono::steady_clock::time_point step_start, const sparse_input** listings,
-                       double& busy_seconds) {
+KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id, int team, index_t u0, index_t u1,
+                                      std::chrono::steady_clock::time_point step_start, const sparse_input** listings,
+                                      double& busy_seconds);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id, int team, index_t u0, index_t u1,
+                                      std::chrono::steady_clock::time_point step_start, const sparse_input** listings,
+                                      double& busy_seconds) {
   const index_t batch = a.batch, in = a.in, hidden = a.hidden, out = a.out;
   float* const h = a.hidden_values;
   float* const dh = a.hidden_grads;
@@ -264,6 +269,7 @@ inline float step_part(const fused_mlp_step_arguments& a, int id, int team, inde
                      .count();
   return loss;
 }
+#endif
 
 }  // namespace fused_mlp_detail
 

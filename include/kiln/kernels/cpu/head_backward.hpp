@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/config.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
@@ -93,8 +94,13 @@ KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, cons
 // two gemm calls. In the two-thread step, separate ReLU and sum passes over a thread's half of the units took 1.2-1.7
 // us, more than one thread's 0.9-1.1 over all of them: they read the hidden layer's values again after the other
 // thread's head had read them (bench/RESULTS.md).
-inline void head_backward_part(const float* head, const float* h, const float* w2, float* w2_grad, float* dh,
-                               float* b1_grad, index_t batch, index_t hidden, index_t out, index_t u0, index_t u1) {
+KILN_LIBRARY_FUNCTION void head_backward_part(const float* head, const float* h, const float* w2, float* w2_grad,
+                                              float* dh, float* b1_grad, index_t batch, index_t hidden, index_t out,
+                                              index_t u0, index_t u1);
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION void head_backward_part(const float* head, const float* h, const float* w2, float* w2_grad,
+                                              float* dh, float* b1_grad, index_t batch, index_t hidden, index_t out,
+                                              index_t u0, index_t u1) {
   constexpr int width = gemm_detail::simd<float>::width;
   // Outputs go in groups whose weights and accumulators stay in registers beside 4 rows' values and gradients.
   constexpr int group = width >= 16 ? 10 : 4;
@@ -120,5 +126,6 @@ inline void head_backward_part(const float* head, const float* h, const float* w
   }
   if (!sums_in_pass && b1_grad) reduce_kernels::sum_rows_part(dh, b1_grad, batch, hidden, u0, u1, false);
 }
+#endif
 
 }  // namespace kiln::kernels::cpu

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/config.hpp"
 #include "kiln/core/env_switch.hpp"
 #include "kiln/core/error.hpp"
@@ -129,24 +130,7 @@ class thread_balance {
 
   // The split for a team of `team` threads: the kept shares, or equal ones where balancing is off or the team size
   // differs from the last recorded run's.
-  thread_split split(int team) const {
-    if (!thread_balancing_active() || team <= 1 || team > thread_split::max_threads)
-      return thread_split::equal(team);
-    {
-      auto& f = balance_detail::fixed();
-      std::lock_guard lock(f.mutex);
-      if (f.shares.size() == std::size_t(team)) return from_shares(f.shares.data(), team);
-    }
-    std::lock_guard lock(mutex_);
-    if (team != team_) return thread_split::equal(team);
-    // Shares near equal are taken as equal: timing noise keeps them a few percent off even when the cores run alike,
-    // and a split that wanders by a few percent moves the boundary between the threads' parts from run to run, so
-    // that a product's output rows and the update after it no longer meet on the same core.
-    bool near_equal = true;
-    for (int i = 0; i < team; ++i) near_equal &= std::abs(shares_[i] * team - 1.0) < equal_band;
-    if (near_equal) return thread_split::equal(team);
-    return from_shares(shares_.data(), team);
-  }
+  thread_split split(int team) const;
   // The same for `units` units of which every thread must get at least min_units (a kernel that takes another path
   // below them, or a part that must not be empty): an equal split where the kept shares would leave any thread fewer.
   thread_split split(int team, index_t units, index_t min_units) const {
@@ -160,41 +144,7 @@ class thread_balance {
   // the work it did over its time, and the shares move toward those speeds' proportions. A run where some thread had
   // nothing to do says nothing about that thread's speed, and is not recorded; nor is one whose team was smaller
   // than planned, which split equally (thread_split::over).
-  void record(const thread_split& used, index_t units, const run_clock& clock) {
-    const int team = used.team;
-    if (!thread_balancing_active() || team <= 1 || team > thread_split::max_threads || units <= 0 ||
-        clock.team != team)
-      return;
-    std::array<double, thread_split::max_threads> speed{};
-    double speed_sum = 0;
-    for (int i = 0; i < team; ++i) {
-      const index_t work = used.end(units, i) - used.begin(units, i);
-      if (work <= 0) return;
-      speed[i] = double(work) / double(units) / std::max(clock.seconds[i], 1e-9);
-      speed_sum += speed[i];
-    }
-    std::lock_guard lock(mutex_);
-    if (team != team_) {
-      team_ = team;
-      std::fill(shares_.begin(), shares_.begin() + team, 1.0 / team);
-    }
-    // Both the shares and their targets sum to 1, and so does every step between them.
-    for (int i = 0; i < team; ++i) shares_[i] += step * (speed[i] / speed_sum - shares_[i]);
-    // Shares below the floor are raised to it, and the others give up what that takes, in proportion; which may
-    // bring another to the floor, hence the rounds (at most one per thread).
-    const double floor = 0.5 / team;
-    for (int round = 0; round < team; ++round) {
-      double floored = 0, free = 0;
-      bool below = false;
-      for (int i = 0; i < team; ++i) {
-        below |= shares_[i] < floor;
-        if (shares_[i] <= floor) floored += floor;
-        else free += shares_[i];
-      }
-      if (!below) break;
-      for (int i = 0; i < team; ++i) shares_[i] = shares_[i] <= floor ? floor : shares_[i] * (1 - floored) / free;
-    }
-  }
+  void record(const thread_split& used, index_t units, const run_clock& clock);
 
  private:
   static thread_split from_shares(const double* shares, int team) {
@@ -213,5 +163,62 @@ class thread_balance {
   int team_ = 0;
   std::array<double, thread_split::max_threads> shares_{};
 };
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION void thread_balance::record(const thread_split& used, index_t units, const run_clock& clock) {
+  const int team = used.team;
+  if (!thread_balancing_active() || team <= 1 || team > thread_split::max_threads || units <= 0 ||
+      clock.team != team)
+    return;
+  std::array<double, thread_split::max_threads> speed{};
+  double speed_sum = 0;
+  for (int i = 0; i < team; ++i) {
+    const index_t work = used.end(units, i) - used.begin(units, i);
+    if (work <= 0) return;
+    speed[i] = double(work) / double(units) / std::max(clock.seconds[i], 1e-9);
+    speed_sum += speed[i];
+  }
+  std::lock_guard lock(mutex_);
+  if (team != team_) {
+    team_ = team;
+    std::fill(shares_.begin(), shares_.begin() + team, 1.0 / team);
+  }
+  // Both the shares and their targets sum to 1, and so does every step between them.
+  for (int i = 0; i < team; ++i) shares_[i] += step * (speed[i] / speed_sum - shares_[i]);
+  // Shares below the floor are raised to it, and the others give up what that takes, in proportion; which may
+  // bring another to the floor, hence the rounds (at most one per thread).
+  const double floor = 0.5 / team;
+  for (int round = 0; round < team; ++round) {
+    double floored = 0, free = 0;
+    bool below = false;
+    for (int i = 0; i < team; ++i) {
+      below |= shares_[i] < floor;
+      if (shares_[i] <= floor) floored += floor;
+      else free += shares_[i];
+    }
+    if (!below) break;
+    for (int i = 0; i < team; ++i) shares_[i] = shares_[i] <= floor ? floor : shares_[i] * (1 - floored) / free;
+  }
+}
+#endif
+#if defined(KILN_LIBRARY_DEFINITIONS)
+KILN_LIBRARY_FUNCTION thread_split thread_balance::split(int team) const {
+  if (!thread_balancing_active() || team <= 1 || team > thread_split::max_threads)
+    return thread_split::equal(team);
+  {
+    auto& f = balance_detail::fixed();
+    std::lock_guard lock(f.mutex);
+    if (f.shares.size() == std::size_t(team)) return from_shares(f.shares.data(), team);
+  }
+  std::lock_guard lock(mutex_);
+  if (team != team_) return thread_split::equal(team);
+  // Shares near equal are taken as equal: timing noise keeps them a few percent off even when the cores run alike,
+  // and a split that wanders by a few percent moves the boundary between the threads' parts from run to run, so
+  // that a product's output rows and the update after it no longer meet on the same core.
+  bool near_equal = true;
+  for (int i = 0; i < team; ++i) near_equal &= std::abs(shares_[i] * team - 1.0) < equal_band;
+  if (near_equal) return thread_split::equal(team);
+  return from_shares(shares_.data(), team);
+}
+#endif
 
 }  // namespace kiln::kernels::cpu
