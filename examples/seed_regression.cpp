@@ -30,7 +30,7 @@ void report(const char* mode, const run_result& r, long long steps) {
 
 // Runs `step` 10 times (timed together), then `steps` more times (timed per step).
 template <class Step>
-run_result train(Step&& step, long long steps) {
+run_result run_steps(Step&& step, long long steps) {
   run_result r;
   auto t0 = clock_type::now();
   for (int i = 0; i < 10; ++i) {
@@ -65,14 +65,14 @@ int main(int argc, char** argv) try {
   using Net = Sequential<policy::cpu, Input<100>, Dense<10, ReLU>, Dense<1>>;
   Net net(1000, seed);
   optim::Adam static_opt({.lr = 1e-3});
-  auto static_result = train([&] { return net.train_step(x, y, loss::mse{}, static_opt); }, steps);
+  auto static_result = run_steps([&] { return net.train_step(x, y, loss::mse{}, static_opt); }, steps);
 
   // Dynamic mode: the same layers as objects, the same initial weights after manual_seed.
   manual_seed(seed);
   auto model = nn::Sequential(nn::Linear(100, 10), nn::ReLU(), nn::Linear(10, 1));
   optim::Adam dynamic_opt(model.parameters(), {.lr = 1e-3});
   nn::Variable input(x), target(y);
-  auto dynamic_result = train(
+  auto dynamic_result = run_steps(
       [&] {
         dynamic_opt.zero_grad();
         auto loss = nn::mse_loss(model(input), target);

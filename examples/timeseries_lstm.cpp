@@ -66,7 +66,7 @@ struct outcome {
 
 // Full-batch training: `step` runs one optimizer step and returns the loss, `predict` maps inputs to outputs.
 template <class Step, class Predict>
-outcome train(int epochs, const windows& val, Step&& step, Predict&& predict) {
+outcome train_epochs(int epochs, const windows& val, Step&& step, Predict&& predict) {
   outcome r;
   auto start = std::chrono::steady_clock::now();
   for (int e = 0; e < epochs; ++e) r.final_loss = step();
@@ -80,7 +80,7 @@ template <class Net>
 outcome run_static(const windows& tr, const windows& val, int epochs, std::uint64_t seed, double clip_norm) {
   Net net(tr.x.extent(0), seed);
   optim::Adam opt({.lr = 5e-3, .clip = {.norm = clip_norm}});
-  return train(
+  return train_epochs(
       epochs, val, [&] { return net.train_step(tr.x, tr.y, loss::mse{}, opt); },
       [&](const Tensor<float>& x) { return net.predict(x); });
 }
@@ -92,7 +92,7 @@ outcome run_dynamic(index_t layers, const windows& tr, const windows& val, int e
                               nn::Linear(32, 1));
   optim::Adam opt(model.parameters(), {.lr = 5e-3, .clip = {.norm = clip_norm}});
   nn::Variable x(tr.x), y(tr.y);
-  return train(
+  return train_epochs(
       epochs, val,
       [&] {
         opt.zero_grad();

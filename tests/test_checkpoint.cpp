@@ -55,7 +55,8 @@ struct data_set {
 
 // Trains steps [first, last) and appends the losses; step_fn(x, y) does one step.
 template <class Step>
-void train(const data_set& d, random_generator& rng, int first, int last, std::vector<float>& losses, Step&& step_fn) {
+void train_range(const data_set& d, random_generator& rng, int first, int last, std::vector<float>& losses,
+                 Step&& step_fn) {
   Tensor<float> xb(shape{8, 6});
   Tensor<std::int64_t> yb(shape{8});
   for (int s = first; s < last; ++s) {
@@ -84,7 +85,7 @@ void check_static_resume(Options options, int at = 5) {
     static_net net(8, 42);
     Opt opt(options);
     random_generator rng(7);
-    train(d, rng, 0, total, uninterrupted, [&](auto& x, auto& y) {
+    train_range(d, rng, 0, total, uninterrupted, [&](auto& x, auto& y) {
       return net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
     });
   }
@@ -93,7 +94,7 @@ void check_static_resume(Options options, int at = 5) {
     Opt opt(options);
     random_generator rng(7);
     std::vector<float> first;
-    train(d, rng, 0, at, first, [&](auto& x, auto& y) {
+    train_range(d, rng, 0, at, first, [&](auto& x, auto& y) {
       return net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
     });
     io::save_checkpoint(path, net, opt, {.epoch = 0, .step = at, .generators = {{"data", rng.state()}}});
@@ -106,7 +107,7 @@ void check_static_resume(Options options, int at = 5) {
   CHECK(opt.steps_taken() == at);
   random_generator rng;
   rng.set_state(state.generator("data"));
-  train(d, rng, at, total, resumed, [&](auto& x, auto& y) {
+  train_range(d, rng, at, total, resumed, [&](auto& x, auto& y) {
     return net.train_step(x.view(), y.view(), loss::cross_entropy{}, opt);
   });
   check_same_losses(resumed, uninterrupted);
@@ -131,13 +132,13 @@ void check_dynamic_resume(Options options, int at = 5) {
     auto model = dynamic_net(42);
     Opt opt(model.parameters(), options);
     random_generator rng(7);
-    train(d, rng, 0, total, uninterrupted, step(model, opt));
+    train_range(d, rng, 0, total, uninterrupted, step(model, opt));
   }
   {
     auto model = dynamic_net(42);
     Opt opt(model.parameters(), options);
     random_generator rng(7);
-    train(d, rng, 0, at, resumed, step(model, opt));
+    train_range(d, rng, 0, at, resumed, step(model, opt));
     io::save_checkpoint(path, model, opt, {.epoch = 0, .step = at, .generators = {{"data", rng.state()}}});
   }
   auto model = dynamic_net(999);
@@ -145,7 +146,7 @@ void check_dynamic_resume(Options options, int at = 5) {
   auto state = io::load_checkpoint(path, model, opt);
   random_generator rng;
   rng.set_state(state.generator("data"));
-  train(d, rng, at, total, resumed, step(model, opt));
+  train_range(d, rng, at, total, resumed, step(model, opt));
   check_same_losses(resumed, uninterrupted);
 }
 
@@ -412,7 +413,7 @@ void check_scheduled_resume() {
     optim::SGD opt(model.parameters(), options);
     auto schedule = schedule_for(opt);
     random_generator rng(7);
-    train(d, rng, 0, total, uninterrupted, step(model, opt, schedule));
+    train_range(d, rng, 0, total, uninterrupted, step(model, opt, schedule));
   }
   {
     auto model = dynamic_net(42);
@@ -420,7 +421,7 @@ void check_scheduled_resume() {
     auto schedule = schedule_for(opt);
     optim::ReduceLROnPlateau plateau(opt);  // never stepped: its best is still +infinity
     random_generator rng(7);
-    train(d, rng, 0, at, resumed, step(model, opt, schedule));
+    train_range(d, rng, 0, at, resumed, step(model, opt, schedule));
     io::save_checkpoint(path, model, opt,
                         {.generators = {{"data", rng.state()}},
                          .schedulers = {{"lr", schedule.state()}, {"plateau", plateau.state()}}});
@@ -435,7 +436,7 @@ void check_scheduled_resume() {
   CHECK_THROWS_WITH_AS(state.scheduler("other"), doctest::Contains("'other'"), error);
   random_generator rng;
   rng.set_state(state.generator("data"));
-  train(d, rng, at, total, resumed, step(model, opt, schedule));
+  train_range(d, rng, at, total, resumed, step(model, opt, schedule));
   check_same_losses(resumed, uninterrupted);
 }
 
