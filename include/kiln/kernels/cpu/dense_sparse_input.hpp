@@ -333,7 +333,7 @@ inline void column_sums(const float* m, index_t ld, index_t count, index_t width
 template <class F>
 KILN_ALWAYS_INLINE void with_vectors(int vectors, F&& f) {
   [&]<int... V>(std::integer_sequence<int, V...>) {
-    ((vectors == V + 1 ? (f.template operator()<V + 1>(), true) : false) || ...);
+    static_cast<void>(((vectors == V + 1 ? (f.template operator()<V + 1>(), true) : false) || ...));
   }(std::make_integer_sequence<int, max_vectors>{});
 }
 #endif
