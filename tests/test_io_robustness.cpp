@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -356,6 +357,43 @@ TEST_CASE("write_file_atomically: a write that fails part-way keeps the old file
   CHECK(threw);
   CHECK(read_bytes(path) == "old");
   CHECK(entries_starting_with(dir, "big.safetensors").size() == 1);
+}
+
+TEST_CASE("write_file_atomically: the new file keeps the old one's permissions") {
+  auto dir = temp_dir("permissions");
+  auto path = dir / "private.safetensors";
+  io::write_file_atomically(path, "old");
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+  io::write_file_atomically(path, "new");
+  CHECK(read_bytes(path) == "new");
+  CHECK(fs::status(path).permissions() == (fs::perms::owner_read | fs::perms::owner_write));
+}
+
+TEST_CASE("write_file_atomically: a symlink at the target is replaced, its target never written") {
+  auto dir = temp_dir("symlink_target");
+  write_bytes(dir / "precious.txt", "precious");
+  fs::create_symlink(dir / "precious.txt", dir / "weights.safetensors");
+  io::write_file_atomically(dir / "weights.safetensors", "new weights");
+  CHECK(read_bytes(dir / "precious.txt") == "precious");
+  CHECK(!fs::is_symlink(dir / "weights.safetensors"));
+  CHECK(read_bytes(dir / "weights.safetensors") == "new weights");
+}
+
+TEST_CASE("write_file_atomically: temporaries of a writer that was killed are removed, a running one's are not") {
+  auto dir = temp_dir("stale");
+  auto path = dir / "model.safetensors";
+  // No process has an id above the kernel's largest (2^22): the writer of this one is gone.
+  const std::string gone = "model.safetensors.tmp-kiln-99999999-0-0";
+  const std::string running =
+      std::string("model.safetensors.tmp-kiln-").append(std::to_string(::getpid())).append("-999-0");
+  write_bytes(dir / gone, std::string(1000, 'x'));
+  write_bytes(dir / running, "in flight");
+  write_bytes(dir / "other.safetensors.tmp-kiln-99999999-0-0", "another file's");
+  io::write_file_atomically(path, "weights");
+  CHECK(!fs::exists(dir / gone));
+  CHECK(read_bytes(dir / running) == "in flight");
+  CHECK(fs::exists(dir / "other.safetensors.tmp-kiln-99999999-0-0"));
+  CHECK(read_bytes(path) == "weights");
 }
 
 TEST_CASE("export_onnx: Linear on inputs of rank > 2 exports only the weight it uses") {

@@ -3,7 +3,6 @@
 // Supported element types: |u1, <i8, <f4, <f8 (what kiln tensors hold); everything else is a clear kiln::error.
 #pragma once
 
-#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
@@ -12,10 +11,10 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
-#include <unistd.h>
 
 #include "kiln/core/tensor.hpp"
 #include "kiln/data/byte_source.hpp"
+#include "kiln/io/atomic_file.hpp"
 
 namespace kiln::data {
 
@@ -225,8 +224,8 @@ Tensor<T> read_npy(const std::filesystem::path& path) {
   return result;
 }
 
-// Writes a tensor as an .npy v1.0 file (v2.0 if the header would not fit). The data goes to a temporary file in the
-// same directory that is renamed over `path` only once it is complete, so a failure never destroys an existing file.
+// Writes a tensor as an .npy v1.0 file (v2.0 if the header would not fit), through io::write_file_atomically: a
+// failure never destroys an existing file, and a symlink planted next to it is never followed.
 template <class T>
 void write_npy(const std::filesystem::path& path, tensor_view<const T> tensor) {
   std::string dict = std::string("{'descr': '") + npy_descr<T>() + "', 'fortran_order': False, 'shape': (";
@@ -249,28 +248,12 @@ void write_npy(const std::filesystem::path& path, tensor_view<const T> tensor) {
   }
   header += dict;
 
-  static std::atomic<unsigned> counter{0};
-  std::filesystem::path temp = path;
-  temp += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  if (!f) fail(path.string(), ": cannot write: cannot create the temporary file ", temp.string());
   const std::size_t data_bytes = static_cast<std::size_t>(tensor.numel()) * sizeof(T);
-  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  ok = ok && (data_bytes == 0 || std::fwrite(tensor.data(), 1, data_bytes, f) == data_bytes);
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (::fsync(::fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  std::error_code ec;
-  if (!ok) {
-    std::filesystem::remove(temp, ec);
-    fail(path.string(), ": cannot write: writing ", header.size() + data_bytes, " bytes to ", temp.string(),
-         " failed (disk full?); the original file is untouched");
-  }
-  std::filesystem::rename(temp, path, ec);
-  if (ec) {
-    std::error_code ignore;
-    std::filesystem::remove(temp, ignore);
-    fail(path.string(), ": cannot write: renaming the temporary file into place failed: ", ec.message());
+  try {
+    const std::string_view data(reinterpret_cast<const char*>(tensor.data()), data_bytes);
+    io::write_file_atomically(path, {header, data});
+  } catch (const error& e) {
+    fail(path.string(), ": cannot write: ", e.what(), "; the original file is untouched");
   }
 }
 template <class T>
