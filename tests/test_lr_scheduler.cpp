@@ -374,3 +374,22 @@ TEST_CASE("restore refuses a state the scheduler cannot be in, and changes nothi
                        doctest::Contains("ReduceLROnPlateau"), kiln::error);
   CHECK(plateau.last_epoch() == 0);
 }
+
+TEST_CASE("restore refuses counts that stepping on from would overflow (a hostile checkpoint)") {
+  optim::SGD opt({.lr = 0.1});
+  optim::StepLR step(opt, {.step_size = 2});
+  const long long near_overflow = std::numeric_limits<long long>::max() - 1;
+  CHECK_THROWS_WITH_AS(step.restore({.last_epoch = near_overflow}), doctest::Contains("at most 2^48"), kiln::error);
+  CHECK(step.last_epoch() == 0);
+  step.restore({.last_epoch = optim::lr_scheduler::max_saved_count});  // the bound itself is a state it can be in
+  step.step();
+  CHECK(step.last_epoch() == optim::lr_scheduler::max_saved_count + 1);
+  optim::ReduceLROnPlateau plateau(opt, {.cooldown = 2});
+  CHECK_THROWS_WITH_AS(plateau.restore({.last_epoch = 3, .best = 1, .bad_epochs = near_overflow}),
+                       doctest::Contains("bad_epochs in [0, 2^48]"), kiln::error);
+  CHECK_THROWS_WITH_AS(plateau.restore({.last_epoch = 3, .best = 1, .cooldown_left = 3}),
+                       doctest::Contains("cooldown_left in [0, 2]"), kiln::error);
+  CHECK(plateau.last_epoch() == 0);
+  plateau.restore({.last_epoch = 3, .best = 1, .bad_epochs = 1, .cooldown_left = 2});
+  CHECK(plateau.last_epoch() == 3);
+}

@@ -81,9 +81,13 @@ class lr_scheduler {
   // optimizer's rate, where this one is (ReduceLROnPlateau leaves the rate to the optimizer's own restore).
   virtual lr_scheduler_state state() const { return {last_epoch_, 0, 0, 0}; }
   void restore(const lr_scheduler_state& s) {
-    if (s.last_epoch < 0) fail(name_, ": expected a saved last_epoch >= 0, found ", s.last_epoch);
+    if (s.last_epoch < 0 || s.last_epoch > max_saved_count)
+      fail(name_, ": expected a saved last_epoch >= 0 and at most 2^48, found ", s.last_epoch);
     restore_checked(s);
   }
+  // The largest count of epochs (batches, for OneCycleLR) a saved state may hold: beyond any training run, and far
+  // enough below 2^63 that stepping on from it never overflows.
+  static constexpr long long max_saved_count = 1LL << 48;
   long long last_epoch() const { return last_epoch_; }
   double base_lr() const { return base_lr_; }
   const char* name() const { return name_; }
@@ -459,9 +463,10 @@ class ReduceLROnPlateau : public lr_scheduler {
   }
   void restart() override { step(); }  // not reached: SequentialLR refuses it
   void restore_checked(const lr_scheduler_state& s) override {
-    if (s.bad_epochs < 0 || s.cooldown_left < 0 || std::isnan(s.best))
-      fail(name_, ": expected a saved state with bad_epochs >= 0, cooldown_left >= 0 and a best metric, found ",
-           s.bad_epochs, ", ", s.cooldown_left, " and ", s.best);
+    if (s.bad_epochs < 0 || s.bad_epochs > max_saved_count || s.cooldown_left < 0 ||
+        s.cooldown_left > options_.cooldown || std::isnan(s.best))
+      fail(name_, ": expected a saved state with bad_epochs in [0, 2^48], cooldown_left in [0, ", options_.cooldown,
+           "] (the cooldown option) and a best metric, found ", s.bad_epochs, ", ", s.cooldown_left, " and ", s.best);
     last_epoch_ = s.last_epoch;
     best_ = s.best;
     bad_epochs_ = s.bad_epochs;
