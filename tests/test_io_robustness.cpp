@@ -323,14 +323,22 @@ TEST_CASE("load_weights: a BOOL tensor the load skips (excluded, or unknown with
                        doctest::Contains("unsupported dtype 'BOOL'"), error);
 }
 
+namespace {
+// Plants a symlink named `link` to a precious file in dir, writes dir/target atomically, and checks that the precious
+// file is untouched and that dir/target is a regular file with the new content.
+void write_past_planted_symlink(const fs::path& dir, const std::string& link, const std::string& target) {
+  write_bytes(dir / "precious.txt", "precious");
+  fs::create_symlink(dir / "precious.txt", dir / link);
+  io::write_file_atomically(dir / target, "new weights");
+  CHECK(read_bytes(dir / "precious.txt") == "precious");
+  CHECK(!fs::is_symlink(dir / target));
+  CHECK(read_bytes(dir / target) == "new weights");
+}
+}  // namespace
+
 TEST_CASE("write_file_atomically: a symlink where a temporary might go is never followed") {
   auto dir = temp_dir("symlink");
-  write_bytes(dir / "precious.txt", "precious");
-  fs::create_symlink(dir / "precious.txt", dir / "model.safetensors.tmp-kiln");
-  io::write_file_atomically(dir / "model.safetensors", "new weights");
-  CHECK(read_bytes(dir / "precious.txt") == "precious");
-  CHECK(!fs::is_symlink(dir / "model.safetensors"));
-  CHECK(read_bytes(dir / "model.safetensors") == "new weights");
+  write_past_planted_symlink(dir, "model.safetensors.tmp-kiln", "model.safetensors");
   // Only the file and the two planted entries: no temporary left.
   CHECK(entries_starting_with(dir, "model.safetensors").size() == 2);
 }
@@ -370,13 +378,7 @@ TEST_CASE("write_file_atomically: the new file keeps the old one's permissions")
 }
 
 TEST_CASE("write_file_atomically: a symlink at the target is replaced, its target never written") {
-  auto dir = temp_dir("symlink_target");
-  write_bytes(dir / "precious.txt", "precious");
-  fs::create_symlink(dir / "precious.txt", dir / "weights.safetensors");
-  io::write_file_atomically(dir / "weights.safetensors", "new weights");
-  CHECK(read_bytes(dir / "precious.txt") == "precious");
-  CHECK(!fs::is_symlink(dir / "weights.safetensors"));
-  CHECK(read_bytes(dir / "weights.safetensors") == "new weights");
+  write_past_planted_symlink(temp_dir("symlink_target"), "weights.safetensors", "weights.safetensors");
 }
 
 TEST_CASE("write_file_atomically: temporaries of a writer that was killed are removed, a running one's are not") {

@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <csignal>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <initializer_list>
 #include <string>
@@ -58,6 +58,10 @@ class temporary_file {
   static std::string prefix(const std::filesystem::path& target) { return target.filename().string() + ".tmp-kiln-"; }
   // Removes the temporaries for target that a process no longer running left (killed in the middle of a write).
   static void remove_stale(const std::filesystem::path& target);
+  // The directory that holds target (and its temporaries).
+  static std::filesystem::path directory_of(const std::filesystem::path& target) {
+    return target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  }
 
  private:
   int close() {
@@ -96,8 +100,7 @@ KILN_LIBRARY_FUNCTION void temporary_file::commit(const std::filesystem::path& t
     fail("cannot rename '", path_.string(), "' to '", target.string(), "': ", std::strerror(errno));
   committed_ = true;
   // The rename is durable once the directory is: flushed on a best-effort basis (some file systems refuse it).
-  const std::filesystem::path parent = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-  int dir = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dir = ::open(directory_of(target).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {
     ::fsync(dir);
     ::close(dir);
@@ -107,9 +110,8 @@ KILN_LIBRARY_FUNCTION void temporary_file::commit(const std::filesystem::path& t
 KILN_LIBRARY_FUNCTION void temporary_file::remove_stale(const std::filesystem::path& target) {
   namespace fs = std::filesystem;
   const std::string start = prefix(target);
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
-  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(directory_of(target), ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.rfind(start, 0) != 0) continue;
     // <target>.tmp-kiln-<pid>-<counter>-<clock>: stale when no process <pid> runs any more.
