@@ -3,7 +3,7 @@
 // threads meet at barriers, once a round. A step split over two threads moves data and meets at barriers between the
 // cores many times, where independent work on each core does neither; on this project's shared VMs the round trip went
 // from about 55 ns to 340-510 ns for stretches, and the MNIST MLP's two-thread step from 93-112 to 189-193 us with it
-// (bench/RESULTS.md), while one thread's step and two independent copies kept their speed.
+// (docs/benchmarks.md), while one thread's step and two independent copies kept their speed.
 //
 //   core_link [--rounds 10] [--trips 20000] [--pause-ms 700]
 #include <algorithm>

@@ -1,5 +1,5 @@
-// The cost-of-dynamism ladder (DESIGN.md): one workload, the same initial weights and the same batches, run on rungs
-// from most dynamic to most static, each switching on one thing so that each difference in time has one cause:
+// The cost-of-dynamism ladder (docs/design.md): one workload, the same initial weights and the same batches, run on
+// rungs from most dynamic to most static, each switching on one thing so that each difference in time has one cause:
 //   1 dynamic eager       tape, heap tensors from the system allocator, per-op dispatch, per-parameter optimizer
 //   2 dynamic + cache     the caching allocator: no malloc in the steady state
 //   3 static unfused      compile-time graph and planned workspace, the same per-op kernels as rung 2
@@ -363,7 +363,7 @@ int main(int argc, char** argv) try {
   if (only == "all" || only == "mnist_mlp") {
     // A data loader puts each batch together right before its step (timed apart), as the peers' index_select does:
     // the MLP's step takes ~150 us, and one that read a batch assembled long before would read it from memory
-    // (~11 us of the step, bench/RESULTS.md) where the peers' steps find theirs in the cache.
+    // (~11 us of the step, docs/benchmarks.md) where the peers' steps find theirs in the cache.
     // The loader copies on the bench's threads, each its own rows of the batch (data_loader.hpp).
     data::loader_options<float> mlp_order = mnist_order;
     mlp_order.threads = threads;

@@ -1,6 +1,6 @@
 // How much faster the ladder's top static rung trains a workload on several threads than on one, measured side by
 // side: the modes take turns every few steps in one process, so that a shared machine's slow and fast phases fall on
-// all of them alike. Separate runs a few seconds apart differ by up to 1.7x on this project's VMs (bench/RESULTS.md),
+// all of them alike. Separate runs a few seconds apart differ by up to 1.7x on this project's VMs (docs/benchmarks.md),
 // more than the effect measured.
 //
 //   thread_scaling [--workload mnist_mlp|lstm|mnist_cnn] [--threads N] [--epochs 2] [--steps N] [--block B]

@@ -45,7 +45,7 @@ struct cpu : kernels::cpu::elementwise_kernels,
   // dW = dy^T x and dx = relu'(x) (dy W) in one pass over the batch (head_backward.hpp), where that pass has the bits
   // of the two products and the ReLU's backward and gemm would run both on the calling thread, and the sparse-input
   // products do not take the weight gradient (dense_backward_through_relu_applies). On the MNIST MLP 2.5% off the
-  // one-thread static step and 1.5% off the two-thread one (bench/RESULTS.md).
+  // one-thread static step and 1.5% off the two-thread one (docs/benchmarks.md).
   static constexpr bool one_pass_relu_backward = true;
   static bool dense_backward_through_relu_applies(index_t batch, index_t in, index_t out,
                                                   kernels::cpu::product_precision precision) {

@@ -1,7 +1,7 @@
-// The autograd tape: a thread-local list of entries, one per differentiable op, appended as the ops run (DESIGN.md:
-// "an autograd tape recorded as the code runs"). An entry is a plain struct (a function pointer, the output, up to
-// four inputs, two small saved numbers) in a vector whose capacity is kept, so recording costs no allocation after
-// warm-up and no std::function.
+// The autograd tape: a thread-local list of entries, one per differentiable op, appended as the ops run
+// (docs/design.md, "Dynamic mode"). An entry is a plain struct (a function pointer, the output, up to four inputs, two
+// small saved numbers) in a vector whose capacity is kept, so recording costs no allocation after warm-up and no
+// std::function.
 //
 // Lifetime: an entry holds references to its inputs but not to its output. When the output dies (the user dropped
 // it and no later op used it), its entry dies too and releases its inputs, and dead entries at the end of the tape are

@@ -182,7 +182,7 @@ void gemm_direct(const gemm_problem<T>& g) {
 // loops pack all of it (on each thread that shares the rows) and stream the packed block from L2 once per tile.
 // The same micro-kernel and FMA chains, so the same bits. The MNIST MLP's weight gradient, 128 x 784 x 64 on one
 // thread alone, ran 3-12% faster, and its fused training step's median 3-4% shorter on one thread and 1-4% on two
-// (bench/RESULTS.md).
+// (docs/benchmarks.md).
 inline constexpr index_t short_k_group_bytes = 20 * 1024;
 template <class T>
 bool short_k_path(const gemm_problem<T>& g, index_t rows, bool a_in_place) {

@@ -3,8 +3,8 @@
 // On a shared machine a core's speed changes under the program. On this project's two-vCPU VMs either core runs at
 // about half speed for stretches of milliseconds to seconds (bench/core_speed; presumably another tenant on the host's
 // sibling hyper-thread), and an equal split then waits for the slow core while the fast one idles: a step of short
-// parallel loops runs at the pace of the slower core, sometimes slower on two threads than on one (bench/RESULTS.md). A
-// hybrid CPU's performance and efficiency cores differ the same way, for good. A thread_balance keeps each thread's
+// parallel loops runs at the pace of the slower core, sometimes slower on two threads than on one
+// (docs/benchmarks.md). A hybrid CPU's performance and efficiency cores differ the same way, for good. A thread_balance keeps each thread's
 // share of one kind of work, and after every parallel run moves the shares toward equal finishing times: a thread that
 // finished late gets less next time. The shares move by a fraction per run, so that one interrupted run does not swing
 // them, and never fall below half of an equal share; shares within 8% of equal split equally, so that cores running
