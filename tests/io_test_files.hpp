@@ -17,6 +17,13 @@ inline void write_bytes(const std::filesystem::path& p, const std::string& bytes
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
+// An empty directory <temp>/<suite>/<name>, made anew: a test's files apart from every other test's.
+inline std::filesystem::path fresh_dir(const std::string& suite, const std::string& name) {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / suite / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 // A safetensors file from a header text and data bytes: the header's length as 8 little-endian bytes, then both.
 inline std::string make_file(const std::string& header, const std::string& data = "") {
   std::string out;

@@ -38,12 +38,7 @@ using io_test::write_bytes;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / "kiln_test_io_robustness" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path temp_dir(const std::string& name) { return io_test::fresh_dir("kiln_test_io_robustness", name); }
 // The entries of a directory whose names start with prefix (temporaries left behind).
 std::vector<std::string> entries_starting_with(const fs::path& dir, const std::string& prefix) {
   std::vector<std::string> out;

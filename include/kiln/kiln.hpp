@@ -1,4 +1,14 @@
-// kiln: the umbrella header. Includes both modes, every layer, loss and optimizer.
+// kiln: the umbrella header of both modes. It includes
+//   - static mode: kiln::Sequential, Input and every layer (Dense, Conv2D, pooling, BatchNorm, LayerNorm, Dropout,
+//     Flatten, Softmax, LSTM, GRU, the activations), the options, and kiln::fused_mlp_trainer on the CPU policies;
+//   - dynamic mode: kiln/dynamic/nn.hpp, all of it (nn::Variable and autograd, the functional ops, nn::Module and the
+//     nn modules);
+//   - what both modes share: Tensor, the random generator and initialisers, threads, the CPU policies, the losses
+//     (kiln::loss), the optimizers and learning-rate schedulers (kiln::optim).
+// Not included, each a header of its own: kiln/train.hpp (Keras-style kiln::Model, metrics, callbacks),
+// kiln/data/data.hpp (readers, datasets, data_loader; needs zlib), kiln/io.hpp (safetensors, checkpoints, ONNX), and
+// the GPU policies, kiln/policy_cuda.cuh (from a .cu file; define KILN_DYNAMIC_POLICY before this header to run
+// dynamic mode on one).
 #pragma once
 
 #include "kiln/core/init.hpp"
@@ -6,6 +16,7 @@
 #include "kiln/core/random.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/core/threads.hpp"
+#include "kiln/dynamic/nn.hpp"
 #include "kiln/layers/activation.hpp"
 #include "kiln/layers/avgpool2d.hpp"
 #include "kiln/layers/batchnorm.hpp"

@@ -7,6 +7,7 @@
 #include "kiln/data/mnist.hpp"
 #include "kiln/io/atomic_file.hpp"
 #include "kiln/io/json.hpp"
+#include "kiln/io/regular_file.hpp"
 #include "kiln/io/safetensors.hpp"
 #include "kiln/io/safetensors_format.hpp"
 #include "kiln/kernels/cpu/fused_mlp.hpp"

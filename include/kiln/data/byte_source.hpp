@@ -2,6 +2,7 @@
 // every read known, so that each reader can say exactly where a file went wrong.
 #pragma once
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -10,34 +11,37 @@
 #include <filesystem>
 #include <optional>
 #include <string>
-#include <system_error>
+#include <string_view>
 #include <vector>
 
 #include "kiln/core/error.hpp"
+#include "kiln/io/regular_file.hpp"
 
 namespace kiln::data {
+
+// The most data a reader takes from one file, counted after decompression. A gzip stream can inflate a
+// thousandfold, so a file of a few MB could otherwise make a reader allocate gigabytes because its header says so;
+// the header's claim is checked against this bound before anything is read. Raise it for larger data sets.
+struct read_limits {
+  std::uint64_t max_bytes = std::uint64_t{1} << 32;  // 4 GiB
+};
 
 // Reads a file front to back, inflating it on the fly when it starts with the gzip magic (1f 8b) whatever its name.
 // Offsets count bytes of the decompressed stream: the positions the file format talks about. Every failure throws
 // kiln::error naming the file and the offset; a corrupt or truncated gzip stream is an error, never a crash.
 class byte_source {
  public:
-  explicit byte_source(const std::filesystem::path& path) : path_(path) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path_, ec)) fail(path_.string(), ": expected a file, found a directory");
-    file_size_ = std::filesystem::file_size(path_, ec);
-    if (ec) fail(path_.string(), ": cannot open: ", ec.message());
-    // gzopen reads plain files transparently too; we still sniff the magic to know whether the size is known.
-    if (std::FILE* f = std::fopen(path_.c_str(), "rb")) {
-      unsigned char magic[2] = {0, 0};
-      std::size_t got = std::fread(magic, 1, 2, f);
-      std::fclose(f);
-      compressed_ = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
-    } else {
-      fail(path_.string(), ": cannot open for reading");
-    }
-    file_ = gzopen(path_.c_str(), "rb");
+  // `format` names the file's format in the error for a path that is not a regular file.
+  explicit byte_source(const std::filesystem::path& path, std::string_view format = "data file") : path_(path) {
+    io::regular_file file(path_, format);  // a directory, FIFO or device is refused here, by name
+    file_size_ = file.size();
+    // gzdopen reads plain files transparently too; the magic is still sniffed to know whether the size is known.
+    unsigned char magic[2] = {0, 0};
+    ssize_t got = ::pread(file.descriptor(), magic, 2, 0);
+    compressed_ = got == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+    file_ = gzdopen(file.descriptor(), "rb");
     if (!file_) fail(path_.string(), ": cannot open for reading");
+    file.release();  // gzclose closes it now
     gzbuffer(file_, 1u << 18);  // larger than the 8 KiB default: inflating MNIST is then bound by inflate alone
   }
   byte_source(const byte_source&) = delete;
@@ -101,6 +105,13 @@ class byte_source {
                 " before the end of the ", compressed_ ? "decompressed data" : "file");
       }
     }
+  }
+
+  // Throws unless `count` bytes of `what`, which the header at byte `at` declares, are within limits.max_bytes.
+  void check_limit(std::uint64_t at, std::uint64_t count, const char* what, const read_limits& limits) const {
+    if (count > limits.max_bytes)
+      fail_at(at, "the header declares ", count, " bytes of ", what, ", more than the reader's limit of ",
+              limits.max_bytes, " (read_limits::max_bytes)");
   }
 
   // True when no byte is left; used to reject files longer than their header says.

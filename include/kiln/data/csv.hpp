@@ -7,10 +7,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "kiln/core/tensor.hpp"
+#include "kiln/io/regular_file.hpp"
 
 namespace kiln::data {
 
@@ -42,6 +41,10 @@ struct csv_options {
   std::optional<column_ref> label{};  // numeric target column (class index or regression target), if any
   char delimiter = ',';
   bool header = true;  // first line names the columns; without it, columns can only be chosen by index
+  // Bounds on one record (a line, or several where a quoted field spans them); a file beyond them is an error, so
+  // that a single endless line cannot make the reader hold millions of fields.
+  std::size_t max_line_bytes = std::size_t{16} << 20;  // 16 MiB
+  std::size_t max_columns = std::size_t{1} << 16;
 };
 
 // The parsed numeric columns: features (rows, features.size()) and labels (rows) when a label column was chosen.
@@ -60,8 +63,9 @@ namespace detail {
 // Splits CSV text into records of fields, tracking the line each record starts on (quoted fields may span lines).
 class csv_scanner {
  public:
-  csv_scanner(std::string_view text, char delimiter, const std::string& file)
-      : text_(text), delimiter_(delimiter), file_(file) {
+  csv_scanner(std::string_view text, const csv_options& options, const std::string& file)
+      : text_(text), delimiter_(options.delimiter), max_line_bytes_(options.max_line_bytes),
+        max_columns_(options.max_columns), file_(file) {
     if (text_.starts_with("\xEF\xBB\xBF")) pos_ = 3;  // a UTF-8 byte-order mark written by spreadsheet programs
   }
 
@@ -71,6 +75,7 @@ class csv_scanner {
     while (pos_ < text_.size() && (text_[pos_] == '\n' || text_[pos_] == '\r')) skip_line_end();  // blank lines
     if (pos_ >= text_.size()) return false;
     record_line_ = line_;
+    const std::size_t record_start = pos_;
     std::string field;
     while (true) {
       field.clear();
@@ -100,6 +105,12 @@ class csv_scanner {
         while (pos_ < text_.size() && text_[pos_] != delimiter_ && text_[pos_] != '\n' && text_[pos_] != '\r')
           field += text_[pos_++];
       }
+      if (pos_ - record_start > max_line_bytes_)
+        fail(file_, ":", record_line_, ": expected a line of at most ", max_line_bytes_,
+             " bytes (csv_options::max_line_bytes), found one longer");
+      if (fields.size() == max_columns_)
+        fail(file_, ":", record_line_, ": expected at most ", max_columns_,
+             " columns (csv_options::max_columns), found more");
       fields.push_back(field);
       if (pos_ < text_.size() && text_[pos_] == delimiter_) {
         ++pos_;
@@ -120,6 +131,7 @@ class csv_scanner {
 
   std::string_view text_;
   char delimiter_;
+  std::size_t max_line_bytes_, max_columns_;
   const std::string& file_;
   std::size_t pos_ = 0, line_ = 1, record_line_ = 1;
 };
@@ -139,13 +151,9 @@ template <class T = float>
 csv_table<T> read_csv(const std::filesystem::path& path, const csv_options& options = {}) {
   static_assert(std::is_floating_point_v<T>, "read_csv parses into float or double");
   const std::string file = path.string();
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) fail(file, ": cannot open for reading");
-  std::ostringstream buffer;
-  buffer << stream.rdbuf();
-  const std::string text = buffer.str();
+  const std::string text = io::read_regular_file(path, "CSV");
 
-  detail::csv_scanner scanner(text, options.delimiter, file);
+  detail::csv_scanner scanner(text, options, file);
   std::vector<std::string> fields;
   csv_table<T> table;
   std::size_t columns = 0;

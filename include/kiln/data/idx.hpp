@@ -32,11 +32,12 @@ inline const char* idx_type_name(unsigned code) {
 
 // Reads an unsigned-byte IDX file of any rank (1 to 8) into a tensor of that shape. Throws kiln::error naming the file
 // and the byte offset for a wrong magic, another element type, a truncated file, data beyond the declared size or a
-// corrupt gzip stream. Memory grows only with data actually read, so a lying header cannot trigger a huge allocation.
-KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path& path);
+// corrupt gzip stream, or declared data beyond limits.max_bytes. Memory grows only with data actually read, so a
+// lying header cannot trigger a huge allocation.
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path& path, const read_limits& limits = {});
 #if defined(KILN_LIBRARY_DEFINITIONS)
-KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path& path) {
-  byte_source in(path);
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path& path, const read_limits& limits) {
+  byte_source in(path, "IDX");
   unsigned char magic[4];
   in.read_exact(magic, 4, "IDX magic number");
   if (magic[0] != 0 || magic[1] != 0)
@@ -70,6 +71,7 @@ KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path&
     in.fail_at(header, "the header declares dimensions ", s, " = ", count, " bytes of data after the ", header,
                "-byte header, but the file holds ", *size - header, " (file size ", *size, ", expected ", header + count,
                ")");
+  in.check_limit(4, count, "IDX data", limits);
 
   Tensor<std::uint8_t> result;
   if (in.compressed()) {
@@ -88,10 +90,12 @@ KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx(const std::filesystem::path&
 #endif
 
 // An images file: rank 3, (N, rows, cols).
-KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx_images(const std::filesystem::path& path);
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx_images(const std::filesystem::path& path,
+                                                           const read_limits& limits = {});
 #if defined(KILN_LIBRARY_DEFINITIONS)
-KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx_images(const std::filesystem::path& path) {
-  Tensor<std::uint8_t> images = read_idx(path);
+KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx_images(const std::filesystem::path& path,
+                                                           const read_limits& limits) {
+  Tensor<std::uint8_t> images = read_idx(path, limits);
   if (images.rank() != 3)
     fail(path.string(), ": at byte offset 3: expected an IDX images file of rank 3 (N, rows, cols), found rank ",
          images.rank(), " with shape ", images.shape());
@@ -101,8 +105,8 @@ KILN_LIBRARY_FUNCTION Tensor<std::uint8_t> read_idx_images(const std::filesystem
 
 // A labels file: rank 1, (N). Label = std::uint8_t keeps the bytes; std::int64_t gives class indices for losses.
 template <class Label = std::uint8_t>
-Tensor<Label> read_idx_labels(const std::filesystem::path& path) {
-  Tensor<std::uint8_t> bytes = read_idx(path);
+Tensor<Label> read_idx_labels(const std::filesystem::path& path, const read_limits& limits = {}) {
+  Tensor<std::uint8_t> bytes = read_idx(path, limits);
   if (bytes.rank() != 1)
     fail(path.string(), ": at byte offset 3: expected an IDX labels file of rank 1 (N), found rank ", bytes.rank(),
          " with shape ", bytes.shape());

@@ -191,15 +191,16 @@ inline npy_header read_npy_header(byte_source& in) {
 
 // Reads only the header: element type, order, shape and data offset.
 inline npy_header read_npy_header(const std::filesystem::path& path) {
-  byte_source in(path);
+  byte_source in(path, "NPY");
   return detail::read_npy_header(in);
 }
 
 // Reads an .npy file whose dtype is exactly T's (|u1, <i8, <f4, <f8); anything else throws kiln::error naming the
-// file and the byte offset. The data size is checked against the file size before memory is allocated.
+// file and the byte offset. The data size is checked against the file size (and limits.max_bytes) before memory is
+// allocated.
 template <class T>
-Tensor<T> read_npy(const std::filesystem::path& path) {
-  byte_source in(path);
+Tensor<T> read_npy(const std::filesystem::path& path, const read_limits& limits = {}) {
+  byte_source in(path, "NPY");
   npy_header h = detail::read_npy_header(in);
   std::string want = npy_descr<T>();
   bool same = h.descr == want || (want == "|u1" && (h.descr == "<u1" || h.descr == ">u1"));
@@ -210,6 +211,7 @@ Tensor<T> read_npy(const std::filesystem::path& path) {
   if (auto size = in.known_size(); size && *size != h.data_offset + bytes)
     in.fail_at(h.data_offset, *size < h.data_offset + bytes ? "truncated: " : "too long: ", "shape ", h.dims, " of '",
                h.descr, "' needs ", bytes, " bytes of data, the file holds ", *size - h.data_offset);
+  in.check_limit(h.data_offset, bytes, ".npy data", limits);
   Tensor<T> result;
   if (in.compressed()) {  // a gzipped .npy: same stream, size known only as it inflates
     std::vector<unsigned char> raw;

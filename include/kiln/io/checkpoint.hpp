@@ -33,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -342,8 +343,13 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
   if (need("optimizer.slot_sizes") != detail::sizes_text(slots))
     fail("checkpoint '", source, "': the optimizer's parameter slots have sizes [", detail::sizes_text(slots),
          "], the checkpoint's [", need("optimizer.slot_sizes"), "]");
+  // The optimizer's tensors by name, so that finding each slot's takes constant time.
+  std::unordered_map<std::string_view, const st_tensor*> optimizer_tensors;
+  for (const auto& t : file.tensors)
+    if (detail::is_optimizer_state(t.name)) optimizer_tensors.emplace(t.name, &t);
   auto slot_tensor = [&](std::size_t i, const char* what) -> std::optional<Tensor<T>> {
-    const st_tensor* t = file.find(detail::slot_name(i, what));
+    const auto entry = optimizer_tensors.find(detail::slot_name(i, what));
+    const st_tensor* t = entry == optimizer_tensors.end() ? nullptr : entry->second;
     if (!t) return std::nullopt;
     if (!st_is_float(t->dtype))
       fail("checkpoint '", source, "': expected a floating-point tensor '", t->name, "', found dtype ",
@@ -369,7 +375,8 @@ checkpoint_state load_checkpoint(const std::filesystem::path& path, M& model, O&
   std::vector<typename P::template buffer<T>> momentum(slots.size());
   if constexpr (detail::named_slot_state<O>) {
     // Earlier versions saved no step counts before Adam's first step (an empty tensor): none were taken.
-    const st_tensor* steps = file.find("optimizer.step");
+    const auto steps_entry = optimizer_tensors.find("optimizer.step");
+    const st_tensor* steps = steps_entry == optimizer_tensors.end() ? nullptr : steps_entry->second;
     const bool saved_before_first_step = steps && steps->dtype == st_dtype::i64 && steps->shape.numel() == 0;
     if (!steps || steps->dtype != st_dtype::i64 ||
         (steps->shape.numel() != static_cast<index_t>(slots.size()) && !saved_before_first_step))

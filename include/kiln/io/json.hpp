@@ -1,6 +1,9 @@
 // A small JSON reader and writer for kiln's file formats (the safetensors header): null, booleans, numbers, strings,
 // arrays and objects. Errors are kiln::error with the byte offset where the text stops making sense. Objects keep
 // their members in file order; duplicate keys are an error. Kept out of kiln.hpp: include it where a format needs it.
+// A text's cost is bounded by json::limits: the nesting depth (the parser's recursion) and the number of values. A
+// value costs up to max_bytes_per_value in memory however short its text ("[]," is three bytes), plus its string's
+// characters, so a parse holds at most max_values * max_bytes_per_value bytes beyond the text's own size.
 #pragma once
 
 #include <charconv>
@@ -18,6 +21,16 @@
 #include "kiln/core/error.hpp"
 
 namespace kiln::io::json {
+
+// What a parse may cost; a text beyond either bound is an error naming the bound. The defaults hold a safetensors
+// header of 200,000 tensors (about 10 values each) in at most 2^21 * max_bytes_per_value = 512 MiB.
+struct limits {
+  int max_depth = 64;                             // arrays and objects nested in each other
+  std::size_t max_values = std::size_t{1} << 21;  // values of every kind, members' values and array items included
+};
+// The most heap memory one value takes while a text is parsed, its string's characters aside: the value itself in
+// its parent's array (which may be growing, so twice that), and an array's or object's own block.
+inline constexpr std::size_t max_bytes_per_value = 256;
 
 class value;
 using array = std::vector<value>;
@@ -139,7 +152,8 @@ class value {
 // Recursive-descent parser. base_offset is added to every reported offset (a header inside a larger file).
 class parser {
  public:
-  explicit parser(std::string_view text, std::size_t base_offset = 0) : text_(text), base_(base_offset) {}
+  explicit parser(std::string_view text, std::size_t base_offset = 0, const limits& bounds = {})
+      : text_(text), base_(base_offset), limits_(bounds) {}
 
   value parse_document() {
     skip_space();
@@ -150,8 +164,6 @@ class parser {
   }
 
  private:
-  static constexpr int max_depth = 64;
-
   [[noreturn]] void error_here(const char* what) const {
     std::string found = pos_ < text_.size() ? "'" + std::string(1, text_[pos_]) + "'" : std::string("the end");
     fail("JSON: ", what, " at byte ", base_ + pos_, ", found ", found);
@@ -173,11 +185,15 @@ class parser {
   }
 
   value parse_value(int depth) {
-    if (depth > max_depth) error_here("JSON nested too deeply");
+    if (++values_ > limits_.max_values)
+      fail("JSON: more than ", limits_.max_values, " values, at byte ", base_ + pos_, " (json::limits::max_values)");
     std::size_t start = pos_;
     value v;
     if (pos_ >= text_.size()) error_here("expected a JSON value");
     char c = text_[pos_];
+    // depth counts the arrays and objects around this value.
+    if ((c == '{' || c == '[') && depth >= limits_.max_depth)
+      fail("JSON: nested more than ", limits_.max_depth, " deep at byte ", base_ + pos_, " (json::limits::max_depth)");
     if (c == '{') v = parse_object(depth);
     else if (c == '[') v = parse_array(depth);
     else if (c == '"') v = value::make_string(parse_string());
@@ -325,14 +341,16 @@ class parser {
 
   std::string_view text_;
   std::size_t base_;
+  limits limits_;
   std::size_t pos_ = 0;
+  std::size_t values_ = 0;
 };
 
 // Parses a whole JSON text; offsets in errors count from base_offset.
-KILN_LIBRARY_FUNCTION value parse(std::string_view text, std::size_t base_offset = 0);
+KILN_LIBRARY_FUNCTION value parse(std::string_view text, std::size_t base_offset = 0, const limits& bounds = {});
 #if defined(KILN_LIBRARY_DEFINITIONS)
-KILN_LIBRARY_FUNCTION value parse(std::string_view text, std::size_t base_offset) {
-  return parser(text, base_offset).parse_document();
+KILN_LIBRARY_FUNCTION value parse(std::string_view text, std::size_t base_offset, const limits& bounds) {
+  return parser(text, base_offset, bounds).parse_document();
 }
 #endif
 

@@ -1,7 +1,8 @@
 // Reading safetensors files (the format is described in kiln/io/safetensors_format.hpp, which also writes them).
 // Every header field is validated before any tensor is used: a short file, a header length past the end, bad JSON,
-// dtypes that are not safetensors', negative, oversized or mismatched shapes, offsets out of range or overlapping all
-// raise kiln::error naming the file and the byte offset. F16 and BF16 (and F64) tensors convert to float on the way
+// dtypes that are not safetensors', negative, oversized or mismatched shapes, offsets that do not tile the data exactly
+// (out of range, overlapping, a gap, trailing bytes) all raise kiln::error naming the file and the byte offset, and
+// what a header may cost is bounded (safetensors_limits). F16 and BF16 (and F64) tensors convert to float on the way
 // in; other safetensors dtypes (BOOL, U8, ...) are read but not converted (to_tensor refuses them).
 #pragma once
 
@@ -10,7 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -22,6 +22,7 @@
 #include "kiln/core/error.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/io/json.hpp"
+#include "kiln/io/regular_file.hpp"
 #include "kiln/io/safetensors_format.hpp"
 
 namespace kiln::io {
@@ -76,10 +77,20 @@ inline std::int64_t st_checked_numel(const kiln::shape& s) {
 }
 }  // namespace detail
 
+// What reading a safetensors file may cost beyond the file's own size: the header's length (the bound of the
+// safetensors library's own reader) and what its JSON may hold (json::limits: a header of 80,000 tensors holds about
+// 800,000 values).
+struct safetensors_limits {
+  std::uint64_t max_header_bytes = 100'000'000;
+  json::limits header{};
+};
+
 // Parses a safetensors file held in memory; `source` names it in error messages.
-KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const std::string& source = "safetensors data");
+KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const std::string& source = "safetensors data",
+                                                const safetensors_limits& limits = {});
 #if defined(KILN_LIBRARY_DEFINITIONS)
-KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const std::string& source) {
+KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const std::string& source,
+                                                const safetensors_limits& limits) {
   if (bytes.size() < 8)
     fail("safetensors '", source, "': expected at least 8 bytes (the header length), found ", bytes.size());
   std::uint64_t n = 0;
@@ -87,10 +98,13 @@ KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const st
   if (n > bytes.size() - 8)
     fail("safetensors '", source, "': the header length at byte 0 says ", n, " bytes, but only ", bytes.size() - 8,
          " follow it");
+  if (n > limits.max_header_bytes)
+    fail("safetensors '", source, "': the header length at byte 0 says ", n, " bytes, more than the limit of ",
+         limits.max_header_bytes, " (safetensors_limits::max_header_bytes)");
   if (n < 2) fail("safetensors '", source, "': expected a JSON header of at least 2 bytes at byte 8, found ", n);
   json::value header;
   try {
-    header = json::parse(bytes.substr(8, n), 8);
+    header = json::parse(bytes.substr(8, n), 8, limits.header);
   } catch (const error& e) {
     fail("safetensors '", source, "': bad header: ", e.what());
   }
@@ -173,15 +187,24 @@ KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const st
   std::stable_sort(ranges.begin(), ranges.end(), [](const range& a, const range& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  // An empty tensor holds no bytes, so it overlaps nothing.
+  // As the safetensors library requires, the tensors tile the data exactly: each starts where the one before it ends
+  // (an empty tensor at that same offset), and the last ends at the end of the file.
   const range* previous = nullptr;
+  std::uint64_t covered = 0;
   for (const auto& r : ranges) {
-    if (r.begin == r.end) continue;
-    if (previous && r.begin < previous->end)
+    if (r.begin < covered)
       fail("safetensors '", source, "': tensors '", file.tensors[previous->index].name, "' [", previous->begin, ", ",
            previous->end, ") and '", file.tensors[r.index].name, "' [", r.begin, ", ", r.end, ") overlap in the data");
-    previous = &r;
+    if (r.begin > covered)
+      fail("safetensors '", source, "': tensor '", file.tensors[r.index].name, "' starts at data offset ", r.begin,
+           ", expected ", covered, " (where ", previous ? "'" + file.tensors[previous->index].name + "' ends" :
+           std::string("the data starts"), "): the data has a gap no tensor covers");
+    covered = r.end;
+    if (r.begin != r.end) previous = &r;
   }
+  if (covered != data_size)
+    fail("safetensors '", source, "': the tensors cover ", covered, " bytes of data, but the file holds ", data_size,
+         " after its header (unexpected bytes at file byte ", data_start + covered, ")");
   // File order: by data offset, as the writer laid them out.
   std::vector<st_tensor> ordered;
   for (const auto& r : ranges) ordered.push_back(std::move(file.tensors[r.index]));
@@ -190,24 +213,11 @@ KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const st
 }
 #endif
 
-// Reads and parses a whole safetensors file.
-KILN_LIBRARY_FUNCTION st_file read_safetensors(const std::filesystem::path& path);
+// Reads and parses a whole safetensors file, which must be a regular file (see io/regular_file.hpp).
+KILN_LIBRARY_FUNCTION st_file read_safetensors(const std::filesystem::path& path, const safetensors_limits& limits = {});
 #if defined(KILN_LIBRARY_DEFINITIONS)
-KILN_LIBRARY_FUNCTION st_file read_safetensors(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    fail("safetensors: cannot read '", path.string(), "': expected a file, found a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("safetensors: cannot open '", path.string(), "' for reading");
-  std::string bytes;
-  // A read error can surface as std::ios_base::failure from inside the stream buffer; it is bad input like any other.
-  try {
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::ios_base::failure& e) {
-    fail("safetensors: reading '", path.string(), "' failed: ", e.what());
-  }
-  if (in.bad()) fail("safetensors: reading '", path.string(), "' failed");
-  return parse_safetensors(bytes, path.string());
+KILN_LIBRARY_FUNCTION st_file read_safetensors(const std::filesystem::path& path, const safetensors_limits& limits) {
+  return parse_safetensors(read_regular_file(path, "safetensors"), path.string(), limits);
 }
 #endif
 

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -50,10 +51,11 @@ inline bool excluded(const std::string& name, const std::vector<std::string>& pr
   return false;
 }
 // Checkpoints hold optimizer state beside the weights; weight loading skips it.
-inline bool is_checkpoint_extra(const st_file& file, const std::string& name) {
+inline bool is_checkpoint(const st_file& file) {
   const std::string* format = file.meta("kiln.format");
-  return format && *format == "checkpoint" && name.rfind("optimizer.", 0) == 0;
+  return format && *format == "checkpoint";
 }
+inline bool is_optimizer_state(const std::string& name) { return name.rfind("optimizer.", 0) == 0; }
 
 // The model's state dict with the file's values put in, after checking everything; throws (model untouched) on any
 // problem.
@@ -63,11 +65,15 @@ auto merged_state_dict(const M& model, const st_file& file, const std::string& s
   auto dict = model.state_dict();
   std::vector<std::string> problems;
   std::vector<bool> found(dict.size(), false);
+  // Looked up by name in one pass over the file: linear in the number of tensors.
+  std::unordered_map<std::string_view, std::size_t> index;
+  index.reserve(dict.size());
+  for (std::size_t i = 0; i < dict.size(); ++i) index.emplace(dict[i].first, i);
+  const bool checkpoint = is_checkpoint(file);
   for (const auto& t : file.tensors) {
-    if (excluded(t.name, options.exclude) || is_checkpoint_extra(file, t.name)) continue;
-    std::size_t at = dict.size();
-    for (std::size_t i = 0; i < dict.size(); ++i)
-      if (dict[i].first == t.name) at = i;
+    if (excluded(t.name, options.exclude) || (checkpoint && is_optimizer_state(t.name))) continue;
+    const auto entry = index.find(t.name);
+    const std::size_t at = entry == index.end() ? dict.size() : entry->second;
     if (at == dict.size()) {
       if (options.strict) {
         std::string p = "unexpected tensor '";

@@ -20,6 +20,8 @@
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -489,25 +491,27 @@ class Sequential {
     auto states = state_infos();
     std::vector<static_parameter_info> infos;
     for (auto& [info, is_buffer] : states) infos.push_back(info);
+    // By name, in one pass over each side: linear in the number of tensors.
+    std::unordered_map<std::string_view, const Tensor<T>*> given;
+    for (auto& [name, tensor] : dict)
+      // Which of two entries of one name would win is a guess the caller did not mean to leave to us.
+      if (!given.emplace(name, &tensor).second)
+        fail("Sequential::load_state_dict: expected each name once, found '", name, "' twice");
     std::vector<const Tensor<T>*> sources;
     for (auto& p : infos) {
-      const Tensor<T>* found = nullptr;
-      for (auto& [name, tensor] : dict)
-        if (name == p.name) {
-          // Which of two entries of one name would win is a guess the caller did not mean to leave to us.
-          if (found) fail("Sequential::load_state_dict: expected each name once, found '", p.name, "' twice");
-          found = &tensor;
-        }
-      if (!found) fail("Sequential::load_state_dict: missing parameter '", p.name, "' of shape ", p.shape);
+      const auto entry = given.find(p.name);
+      if (entry == given.end()) fail("Sequential::load_state_dict: missing parameter '", p.name, "' of shape ", p.shape);
+      const Tensor<T>* found = entry->second;
       if (!(found->shape() == p.shape))
         fail("Sequential::load_state_dict: parameter '", p.name, "' expected shape ", p.shape, ", found ",
              found->shape());
       sources.push_back(found);
     }
-    for (auto& [name, tensor] : dict) {
-      bool known = false;
-      for (auto& p : infos) known = known || p.name == name;
-      if (!known) fail("Sequential::load_state_dict: unexpected parameter '", name, "'");
+    if (given.size() != infos.size()) {
+      std::unordered_set<std::string_view> known;
+      for (auto& p : infos) known.insert(p.name);
+      for (auto& [name, tensor] : dict)
+        if (!known.count(name)) fail("Sequential::load_state_dict: unexpected parameter '", name, "'");
     }
     for (std::size_t i = 0; i < infos.size(); ++i) {
       T* base = states[i].second ? buffers_.data() : params_.data();

@@ -174,7 +174,7 @@ KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id,
   // The hidden layer's forward, this thread's columns: relu(x W1^T + b1). Each thread reads every row of the batch,
   // starting id / team of the way down: where a data loader shared out the batch's rows (data_loader), thread id's
   // own rows are in its core's cache, and the two threads do not wait on the same lines from the other core at once
-  // (bench/RESULTS.md: 3-5 us off this product on two threads).
+  // (docs/benchmarks.md: 3-5 us off this product on two threads).
   // An input mostly of one value (MNIST's blank pixels) takes the sparse-input products, as Dense's forward and
   // backward take them (dense_sparse_input.hpp), where `listings` is given: each thread lists its share of the
   // batch's rows into listings[id], once for the forward and W1's gradient both, and walks every thread's listing
@@ -224,7 +224,7 @@ KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id,
   // forward read them for their rows and left copies in their cores' caches, and the next step's forward, writing
   // them, then waited for each line to be taken back from the other core, a few at a time. Asked for here, the lines
   // come back during the backward. On two threads the MNIST step took 1.5-2.5 us less; asked for at the start of the
-  // step instead, where the listing's loads wait on the same fill buffers, nothing (bench/RESULTS.md).
+  // step instead, where the listing's loads wait on the same fill buffers, nothing (docs/benchmarks.md).
   if (team > 1) prefetch_for_writing(h, batch, hidden, u0, u1);
   float loss = 0;
   if (id == 0) {  // b2 (every thread has read it by now) and the loss, summed as softmax_cross_entropy sums it
@@ -278,7 +278,7 @@ KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id,
 inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& balance) {
   using steady = std::chrono::steady_clock;
   const steady::time_point step_start = a.parts ? steady::now() : steady::time_point{};  // read only when profiling
-  const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out, a.precision);
+  [[maybe_unused]] const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out, a.precision);
   double busy = 0;
   // Whether the hidden layer may take the sparse-input products, decided once for the whole team (list_shares holds a
   // barrier that every thread or none must reach), and the team's listings of the batch.
