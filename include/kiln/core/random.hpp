@@ -112,6 +112,9 @@ class random_generator {
   }
 
   const state_type& state() const { return state_; }
+  // The largest position a saved state may hold (io::load_checkpoint checks it): more numbers than any run draws, and
+  // far enough below 2^64 that drawing on never wraps around to the start of the stream.
+  static constexpr std::uint64_t max_saved_position = std::uint64_t{1} << 62;
   void set_state(const state_type& s) {
     state_ = s;
     cache_valid_ = false;

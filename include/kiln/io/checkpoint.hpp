@@ -187,8 +187,13 @@ inline random_generator::state_type parse_generator(const std::string& text, con
   const auto parts = split_words(text);
   if (parts.size() != 3)
     fail("checkpoint '", source, "': expected 'seed stream position' in metadata '", key, "', found '", text, "'");
-  return {parse_unsigned(parts[0], key, source), parse_unsigned(parts[1], key, source),
-          parse_unsigned(parts[2], key, source)};
+  const random_generator::state_type state{parse_unsigned(parts[0], key, source), parse_unsigned(parts[1], key, source),
+                                           parse_unsigned(parts[2], key, source)};
+  // The position counts numbers drawn: near 2^64 it would wrap around and repeat the stream from its start.
+  if (state.position > random_generator::max_saved_position)
+    fail("checkpoint '", source, "': expected the position in metadata '", key, "' to be at most 2^62 = ",
+         random_generator::max_saved_position, ", found ", state.position);
+  return state;
 }
 // Adds an optimizer state buffer to the file: viewed in place when the policy's memory is host memory, otherwise
 // downloaded first.
@@ -236,11 +241,12 @@ inline bool reserved_metadata_key(std::string_view key) {
   return key == "epoch" || key == "step" || key == "optimizer" || key.starts_with("optimizer.") ||
          key.starts_with("rng.") || key.starts_with("schedule.") || key.starts_with("kiln.");
 }
-// A count read from a checkpoint that the optimizer will increment: it must be >= 0 and leave room for that.
+// A count read from a checkpoint that the optimizer will increment: at least 0 and at most lr_scheduler's
+// max_saved_count (2^48), beyond any training run and far enough below 2^63 that counting on never overflows.
 inline void check_count(long long value, const std::string& what, const std::string& source) {
-  if (value < 0 || value == std::numeric_limits<long long>::max())
-    fail("checkpoint '", source, "': expected ", what, " in [0, ", std::numeric_limits<long long>::max(), "), found ",
-         value);
+  constexpr long long most = optim::lr_scheduler::max_saved_count;
+  if (value < 0 || value > most)
+    fail("checkpoint '", source, "': expected ", what, " in [0, 2^48 = ", most, "], found ", value);
 }
 inline std::string slot_name(std::size_t slot, const char* what) {
   std::string n = "optimizer.";
