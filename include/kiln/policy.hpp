@@ -38,14 +38,13 @@ struct cpu : kernels::cpu::elementwise_kernels,
   // arithmetic (conv_direct.hpp) instead of building im2col's column matrix for gemm: the same bits, where gemm would
   // run the product blocked.
   static constexpr bool direct_convolution = true;
-  // A Dense layer's input mostly of one value (MNIST's blank pixels) takes the sparse-input products
+  // A Dense layer's input mostly of one value (images on a blank background) takes the sparse-input products
   // (dense_sparse_input.hpp) for its forward and weight gradient: the same sums within float rounding.
   static constexpr bool sparse_input_products = true;
   // A Dense layer's backward over a Dense layer with a fused ReLU (static mode's Sequential with fused epilogues):
   // dW = dy^T x and dx = relu'(x) (dy W) in one pass over the batch (head_backward.hpp), where that pass has the bits
   // of the two products and the ReLU's backward and gemm would run both on the calling thread, and the sparse-input
-  // products do not take the weight gradient (dense_backward_through_relu_applies). On the MNIST MLP 2.5% off the
-  // one-thread static step and 1.5% off the two-thread one (docs/benchmarks.md).
+  // products do not take the weight gradient (dense_backward_through_relu_applies). The gain: docs/benchmarks.md.
   static constexpr bool one_pass_relu_backward = true;
   static bool dense_backward_through_relu_applies(index_t batch, index_t in, index_t out,
                                                   kernels::cpu::product_precision precision) {

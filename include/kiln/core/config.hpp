@@ -24,10 +24,10 @@ using index_t = std::ptrdiff_t;
 #endif
 
 // Lets the compiler vectorise a function's loops with 512-bit vectors where AVX-512 is enabled. GCC and Clang prefer
-// 256-bit vectors for auto-vectorised loops on every AVX-512 CPU, which suits most of kiln's element-wise loops (the
-// CNN's steps got 8-10% slower built with 512-bit vectors throughout) but not the recurrent cells' arithmetic-heavy
-// gate loops: the LSTM training step went 6.7-6.9 -> 6.5 ms with them. Each marked function is out of line
-// (KILN_NOINLINE), so the preference stays inside it; the arithmetic and its rounding do not depend on the width.
+// 256-bit vectors for auto-vectorised loops on every AVX-512 CPU, which suits most of kiln's element-wise loops (a
+// CNN's step is slower built with 512-bit vectors throughout) but not the recurrent cells' arithmetic-heavy gate loops,
+// which are faster with them. Each marked function is out of line (KILN_NOINLINE), so the preference stays inside it;
+// the arithmetic and its rounding do not depend on the width.
 #if defined(__AVX512F__) && defined(__clang__)
 #define KILN_WIDE_VECTOR_LOOPS __attribute__((min_vector_width(512)))
 #elif defined(__AVX512F__) && defined(__GNUC__) && !defined(__CUDACC__)

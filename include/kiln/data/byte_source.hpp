@@ -42,7 +42,7 @@ class byte_source {
     file_ = gzdopen(file.descriptor(), "rb");
     if (!file_) fail(path_.string(), ": cannot open for reading");
     file.release();  // gzclose closes it now
-    gzbuffer(file_, 1u << 18);  // larger than the 8 KiB default: inflating MNIST is then bound by inflate alone
+    gzbuffer(file_, 1u << 18);  // larger than the 8 KiB default: inflating a .gz file is then bound by inflate alone
   }
   byte_source(const byte_source&) = delete;
   byte_source& operator=(const byte_source&) = delete;

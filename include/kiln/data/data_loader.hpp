@@ -209,10 +209,9 @@ class data_loader {
     };
 #if defined(_OPENMP)
     // Plain copies are shared out only when there are enough bytes to pay for the parallel region. Each thread then
-    // copies one contiguous range of rows, and those rows are in its own core's cache when the step starts: on two
-    // threads the MNIST MLP's 64 x 784 batch took 16 us to assemble instead of 29, and its training step was 1-6 us
-    // faster in four interleaved rounds of five, its first layer reading half of the batch from the other core's cache
-    // rather than all of it (bench/RESULTS.md).
+    // copies one contiguous range of rows, and those rows are in its own core's cache when the step starts: the batch
+    // is assembled sooner, and the first layer reads only the other threads' rows from their cores' caches rather than
+    // all of the batch (bench/RESULTS.md).
     const bool worth_sharing =
         options_.transform || rows * s.x.shape().row_size() * index_t(sizeof(feature_type)) >= parallel_copy_bytes;
     if (options_.threads > 1 && rows > 1 && worth_sharing) {

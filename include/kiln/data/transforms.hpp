@@ -145,7 +145,7 @@ struct gaussian_noise {
                   "kiln::data::gaussian_noise: expected floating-point samples (noise on integers would wrap around)");
     if (!(std >= 0.0f) || !std::isfinite(std)) fail("gaussian_noise: expected a finite std >= 0, found ", std);
     // Box-Muller in float, using both outputs of each pair of 24-bit uniforms: noise needs no double precision, and
-    // this is about 3x faster than one double-precision normal() per element.
+    // this costs much less than one double-precision normal() per element.
     T* v = x.data();
     const index_t n = x.numel();
     constexpr float two_pi = 2.0f * std::numbers::pi_v<float>;

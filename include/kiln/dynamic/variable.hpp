@@ -39,7 +39,7 @@ class basic_variable {
   }
   basic_variable(const Tensor<T>& data, bool requires_grad = false) : basic_variable(data.view(), requires_grad) {}
   // A leaf that reads the data where it is instead of copying it, as torch.from_numpy does: a batch that a data loader
-  // has just assembled goes into the model without a second copy (the MNIST MLP's 64 x 784 floats: 200 KB per step).
+  // has just assembled goes into the model without a second copy.
   // The data must stay alive and unchanged while the variable or any value computed from it is in use (a backward
   // reads it again), and nothing may write through value(). On a GPU policy, whose values live in device memory, this
   // copies the data like the constructor above.

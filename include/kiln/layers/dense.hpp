@@ -37,7 +37,7 @@ bool weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t b
 
 // y[batch, out] = act(x[batch, in] W[out, in]^T + b[out]). bias may be null. With a GELU, whose derivative needs the
 // pre-activation, pre_activation (batch x out) receives it; for the other activations it may be null. An input
-// mostly of one value (MNIST's blank pixels) takes the policy's sparse-input product where it has one.
+// mostly of one value (as images with a blank background are) takes the policy's sparse-input product where it has one.
 template <class Policy, class T>
 void dense_forward(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in, index_t out,
                    activation act = activation::identity, T slope = T(0.01), T* pre_activation = nullptr) {

@@ -306,13 +306,12 @@ void rnn_forward(const rnn_dims& d, index_t seq, index_t batch, const T* params,
 
 // ADDS an LSTM direction's parameter gradients (W_ih, W_hh and both biases) into dw from its gate gradients G
 // (seq, batch, 4H) in ONE product over all the steps at once: G^T [x_t | h_{t-1} | 1], one stacked row per step and
-// batch element. Taken apart as G^T x, G^T h_{t-1} and two column sums, they read all of G four times (3.5 MiB per
-// direction at the sequential-MNIST shape, more than L2 holds). in: the layer's input (seq, batch, I); Y: its output
-// (seq, batch, W), whose half for direction dir one step earlier is h_{t-1}; h_first: this direction's h_0 (null:
-// zeros). scratch holds plan.gradient_operand_size() + plan.gradient_product_size() elements.
+// batch element. Taken apart as G^T x, G^T h_{t-1} and two column sums, they read all of G four times (G outgrows L2
+// for a long sequence). in: the layer's input (seq, batch, I); Y: its output (seq, batch, W), whose half for
+// direction dir one step earlier is h_{t-1}; h_first: this direction's h_0 (null: zeros). scratch holds
+// plan.gradient_operand_size() + plan.gradient_product_size() elements.
 // (A GRU's recurrent product has a gradient of its own, so it would take two products, and the column of ones would
-// add a whole register panel to the one with H columns: at the sequential-MNIST shape a GRU layer's forward and
-// backward took 2% longer that way.)
+// add a whole register panel to the one with H columns, which costs more than the reads of G it saves.)
 template <class Policy, class Cell, class T>
 void lstm_parameter_gradients(const rnn_plan<Cell>& plan, index_t I, index_t dir, const T* G, const T* in,
                               const T* Y, const T* h_first, const rnn_weights<T>& dw, T* scratch) {

@@ -38,9 +38,8 @@ class optimizer_base {
   bool has_parameters() const { return !slots_.empty(); }
   const std::vector<parameter_slot<T>>& slots() const { return slots_; }
 
-  // Zeroes every gradient: by its pending-zero flag where the slot has one (dynamic mode's parameters: the MNIST
-  // MLP's step saves filling 400 KiB and the weight gradient's product then writes instead of adding), else by a
-  // fill.
+  // Zeroes every gradient: by its pending-zero flag where the slot has one (dynamic mode's parameters: the step fills
+  // no gradient buffer, and the weight gradient's product then writes instead of adding), else by a fill.
   void zero_grad() {
     for (auto& s : slots_) {
       if (s.grad_pending_zero) *s.grad_pending_zero = true;

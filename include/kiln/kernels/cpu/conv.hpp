@@ -23,8 +23,8 @@ namespace kiln::kernels::cpu {
 // The convolution kernels of the CPU policies.
 struct conv_kernels {
   // The samples of a weight gradient's partial sums (see conv2d_backward): a batch of 64 makes 4 groups, shared
-  // evenly by 1, 2 or 4 threads. Fewer, larger groups keep the partial sums in L2 beside the column matrix (with 8,
-  // the MNIST CNN's 8 x 73 KB of them cost 5% of a one-thread step).
+  // evenly by 1, 2 or 4 threads. Fewer, larger groups keep the partial sums, a weight gradient's size each, in L2
+  // beside the column matrix.
   static constexpr index_t weight_gradient_group = 16;
 
   // col[(c * kh + i) * kw + j, oh * out_w + ow] = x[c, oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 outside)
@@ -144,9 +144,9 @@ struct conv_kernels {
   // act_input its input, needed by the activations whose backward reads it): each sample's dx goes through it while
   // it is still in cache, and dx is then the gradient with respect to the activation's input. A static model's
   // Conv2D does this for the activation layer before it, whose own pass over the tensor is then skipped.
-  // Each sample's columns are built again from x rather than kept from the forward: an MNIST CNN's second
-  // convolution has 42 MB of them per batch, more than the last-level cache, so keeping them meant writing them to
-  // memory and reading them back twice, where im2col from the sample's 86 KB input is a copy in cache. Where
+  // Each sample's columns are built again from x rather than kept from the forward: a batch's columns, a copy of the
+  // input per window element, can outgrow the last-level cache, so keeping them meant writing them to memory and
+  // reading them back twice, where im2col from the sample's input is a copy in cache. Where
   // conv_direct_weight_gradient_applies, the weight gradient reads them in x where they lie, and builds none.
   template <class Policy, class T>
   KILN_KERNEL static void conv2d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, T* col,
@@ -250,7 +250,7 @@ struct conv_kernels {
   }
   // sums[c] (+)= sum over n and the plane of dy[n, c, :]: the bias gradient of a convolution. Each channel's terms
   // go round `lanes` partial sums (term s of a plane into lane s mod lanes), added at the end in a fixed tree: one
-  // running sum made every add wait for the one before, 4 cycles each, 3.6 ms of an MNIST CNN step.
+  // running sum made every add wait for the one before, 4 cycles each.
   template <class T>
   KILN_KERNEL static void sum_channels(const T* dy, T* sums, index_t batch, index_t channels, index_t plane, bool accumulate) {
     constexpr int lanes = 16;

@@ -5,8 +5,8 @@
 // - the forward (y = W col) loads them as vectors of consecutive positions, for unit strides: with the output's rows
 //   laid out at the input's (padded) row pitch instead of their own width, position q = oh * pitch + ow reads input
 //   element q + offset. The (kernel_w - 1) * dilation_w positions at the end of each output row that wrap into the
-//   next input row are computed and thrown away: 2 of every 26 for the MNIST CNN's second convolution, against an
-//   im2col that wrote 663 KB per sample and a GEMM that packed it again.
+//   next input row are computed and thrown away: a small share of each row for a small kernel, against an im2col
+//   that writes a copy of the input per window element and a GEMM that packs it again.
 //
 // Each element is the blocked GEMM's arithmetic (gemm.hpp): one FMA chain per k block of k_block_depth, in im2col's
 // order, the blocks' sums added to C in order, then the bias: the same bits as im2col then gemm (then
@@ -143,8 +143,8 @@ constexpr std::array<direct_tile_fn<T>, sizeof...(V)> make_direct_tiles(std::int
 
 // The weight gradient's register tile: Rows window elements by Vecs vectors of output channels, the transposed
 // gradient dW^T (window elements x output channels) that conv2d_backward sums, the im2col GEMM's C. AVX-512: 6 x 4
-// zmm = 24 accumulators (all 64 output channels of the MNIST CNN's second convolution), 4 loads and 6 broadcasts per
-// 24 FMAs; AVX2 6 x 2 and the fallback 4 x 2, as the GEMM's tiles.
+// zmm = 24 accumulators (64 output channels at once), 4 loads and 6 broadcasts per 24 FMAs; AVX2 6 x 2 and the fallback
+// 4 x 2, as the GEMM's tiles.
 template <class T>
 struct gradient_tile_shape {
 #if defined(__AVX512F__)

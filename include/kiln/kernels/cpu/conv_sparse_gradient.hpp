@@ -1,6 +1,6 @@
 // A convolution's weight and input gradients from an output gradient that is mostly zeros, as it is under a max pool:
 // the pool's backward passes each window's gradient to one position of four (2 x 2), and a ReLU before the pool
-// zeroes more (the MNIST CNN's second convolution sees at most a quarter nonzero). The dense kernels (conv_direct.hpp,
+// zeroes more (a convolution under a 2 x 2 pool sees at most a quarter nonzero). The dense kernels (conv_direct.hpp,
 // im2col + gemm + col2im) multiply every zero; these skip them, sample by sample where at most
 // sparse_gradient_max_density of the sample's output gradient is nonzero.
 //

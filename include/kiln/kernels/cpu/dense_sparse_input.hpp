@@ -1,7 +1,7 @@
 // A Dense layer's forward and weight gradient from an input most of whose elements hold one value, its background:
-// MNIST's normalised images, whose blank pixels (four in five) all become (0 - 0.1307) / 0.3081, or one-hot and
-// bag-of-words features (background 0). Both products of the input, y = x W^T and dW = dy^T x, then cost what its
-// other elements cost:
+// normalised images on a blank background, whose blank pixels all become (0 - mean) / std, or one-hot and bag-of-words
+// features (background 0). Both products of the input, y = x W^T and dW = dy^T x, then cost what its other elements
+// cost:
 //
 //   x = c + d, with d zero at the background:  x W^T = c (1 W^T) + d W^T,  dy^T x = c (dy^T 1) + dy^T d.
 //
@@ -19,12 +19,12 @@
 // group's listed rows, so that each load of a row (of y's sums, or of dy) feeds 16 FMAs. The forward holds W^T's 4
 // rows and adds into the sums of y's rows; the weight gradient holds 4 columns of dW^T and adds each listed row of dy.
 // On several threads each thread lists its share of x's rows and takes a share of the outputs. Listed row by row
-// instead, with a row's 128 outputs in registers, each listed element cost 8 loads for 8 FMAs, and the loads set the
-// pace: 1.2x the forward's time and 1.3x the gradient's on MNIST (Zen 4), although the groups' FMAs are 1.48x as
-// many, their background elements included. Both take x's columns a strip of 16 at a time, W's rows transposed into
-// W^T's (with W's row sums) and dW^T's transposed into dW's one strip at a time in an L1-sized buffer, 16 x 16 in
-// registers (gemm_pack.hpp's transpose_16x16, which the AMX path packs with), and a block of 64 outputs through all
-// the strips before the next block, so that the block's sums or rows of dW^T stay in the L1 cache.
+// instead, with a row's 128 outputs in registers, each listed element costs 8 loads for 8 FMAs, and the loads set the
+// pace: slower than the groups, although the groups' FMAs are more, their background elements included. Both take x's
+// columns a strip of 16 at a time, W's rows transposed into W^T's (with W's row sums) and dW^T's transposed into dW's
+// one strip at a time in an L1-sized buffer, 16 x 16 in registers (gemm_pack.hpp's transpose_16x16, which the AMX path
+// packs with), and a block of 64 outputs through all the strips before the next block, so that the block's sums or rows
+// of dW^T stay in the L1 cache.
 #pragma once
 
 #include <algorithm>
@@ -50,9 +50,9 @@ namespace kiln::kernels::cpu {
 
 // Inputs whose listing costs at most this fraction of the dense product's multiply-adds take the sparse products
 // (their groups' FMAs: sparse_input::group times the rows listed, against rows times columns); costlier ones the GEMM,
-// which is then about as fast. On Zen 4, on MNIST's first layer's shape (64 x 784 -> 128, one thread), a call took
-// 24 us plus 125 (the forward) or 115 (the weight gradient) per unit of that fraction, against the GEMM's 126: at
-// 0.75 still ahead. MNIST's batches list 0.28 on average; an input 30% off its background at random places, 0.76.
+// which is then about as fast: a call costs the listing plus about the GEMM's time per unit of that fraction, so at
+// 0.75 it is still ahead (docs/benchmarks.md). Mostly blank images list far less; an input 30% off its background at
+// random places lists just past the limit.
 inline constexpr double sparse_input_max_work = 0.75;
 
 namespace sparse_input_detail {
@@ -117,9 +117,9 @@ inline bool sparse_input_products_enabled() {
 // background, each with the differences of all `group` of its elements (0 where an element is the background). Both
 // products then hold a group's `group` columns in registers at once: W^T's rows in the forward, dW^T's in the weight
 // gradient, so that each listed row's loads serve `group` columns. Neighbouring pixels are off the background
-// together: on MNIST the groups' multiply-adds (four per listed row) are 1.48x those of the listed pixels alone, and
-// the products load 2.7x fewer vectors than pixel by pixel. The buffers grow to the largest input seen and are then
-// reused: no heap traffic in a steady state.
+// together, so in images the groups' multiply-adds (four per listed row) are not many more than those of the listed
+// pixels alone, and the products load several times fewer vectors than pixel by pixel. The buffers grow to the largest
+// input seen and are then reused: no heap traffic in a steady state.
 class sparse_input {
  public:
   static constexpr int group = 4;
@@ -185,9 +185,9 @@ inline bool sparse_input::scan_rows(const float* x, index_t first, index_t count
   background = background_;
   x += first * ldx;
   // x^T, 16 columns (4 groups) at a time, transposed 16 x 16 in registers, so that a group's columns are rows read a
-  // vector of 16 rows at a time (a counting sort of row-by-row lists took twice as long: its scattered stores wait on
-  // each other). A strip of 16 columns stays in the L1 cache until its groups are listed. The columns that pad the
-  // last group hold the background and list nothing.
+  // vector of 16 rows at a time (a counting sort of row-by-row lists is slower: its scattered stores wait on each
+  // other). A strip of 16 columns stays in the L1 cache until its groups are listed. The columns that pad the last
+  // group hold the background and list nothing.
   constexpr index_t strip = sparse_input_detail::strip, groups_per_strip = strip / group;
   const index_t padded = groups * group;
   float* const t = grow<float>(transposed_, strip * rows);
@@ -306,7 +306,7 @@ KILN_NOINLINE void gradient_group(float c, const float* KILN_RESTRICT sums, cons
       for (int v = 0; v < Vectors; ++v) {
         __m512 gradient = _mm512_loadu_ps(d_row + 16 * v);
         // Loaded once into a register: GCC otherwise folds the load into each of the group's FMAs, and the four
-        // loads per vector, not the FMAs, then set the pace (1.7x the time on Zen 4).
+        // loads per vector, not the FMAs, then set the pace.
         gemm_detail::opaque(gradient);
 #pragma GCC unroll 4
         for (int i = 0; i < group; ++i) acc[i][v] = _mm512_fmadd_ps(d[i], gradient, acc[i][v]);
@@ -378,18 +378,16 @@ inline gemm_detail::gemm_scratch& partial_sums_scratch() {
 // registers): it transposes W's rows of the block over the strip's columns into one L1-sized buffer and runs every
 // listing's groups of the strip on them (the first add also sums W's rows, in input order). A whole W^T in scratch
 // (in x width) went out to L2 and back, and beside W, its gradient and Adam's moments pushed the step's working set
-// past the L2 cache (on Sapphire Rapids the MNIST MLP's one-thread step went from 153 to 130 us). The block's sums
-// stay in the L1 cache through the listing: the strips one after the other for all the outputs went through 64 rows
-// of 128 outputs' sums (36 KiB) and 8 KiB of W^T per strip, past the 48 KiB L1 cache, and MNIST's first layer took
-// 48.5 us on one thread against 43.3 in two blocks of 64 outputs (same sums). Where several threads listed shares of
-// x's rows, every share is added in one call, strip by strip: each strip is transposed once for all of them, and the
-// other threads' entries are asked for a few strips ahead (prefetch_strips).
+// past the L2 cache. The block's sums stay in the L1 cache through the listing: the strips one after the other for all
+// the outputs went through 64 rows of 128 outputs' sums (36 KiB) and 8 KiB of W^T per strip, past the 48 KiB L1 cache,
+// where two blocks of 64 outputs make the same sums within it. Where several threads listed shares of x's rows, every
+// share is added in one call, strip by strip: each strip is transposed once for all of them, and the other threads'
+// entries are asked for a few strips ahead (prefetch_strips).
 //
 // The sums are made in the calling thread's scratch, its rows an odd number of cache lines apart, and y is written
 // once, by finish: one object per thread at a time. Made in y itself, each listed row's additions drew in the cache
-// lines of other threads' outputs beside them (a 64-output part took 2.4x as long on two threads as alone, on MNIST's
-// first layer), and rows 4 KiB apart, as a 1024-output layer's are, all fell in the same few sets of the L1 cache (the
-// forward of 256 x 784 -> 1024 took 1.5x the GEMM's time on one thread; Zen 4).
+// lines of other threads' outputs beside them, and rows 4 KiB apart, as a 1024-output layer's are, all fell in the same
+// few sets of the L1 cache.
 class sparse_input_forward_sums {
  public:
   // W (out x in, leading dimension ldw); x has `rows` rows, listed against `background`.
@@ -560,8 +558,8 @@ inline void sparse_input_weight_gradient_part(std::span<const sparse_input* cons
   float* const sums = g_t + strip * width;
   column_sums(dy + o0, ldy, rows, width, sums);
   // A pass over the strips per block of rows of dW that a pass holds in registers, as the forward's sums: each strip
-  // of 128 rows read 64 rows of dy's 128 columns and wrote 8 KiB of dW^T and of dW, past the L1 cache (MNIST's
-  // first layer on one thread: 50.9 us against 43.6 in two blocks of 64 rows; same sums).
+  // of 128 rows read 64 rows of dy's 128 columns and wrote 8 KiB of dW^T and of dW, past the L1 cache, where two blocks
+  // of 64 rows make the same sums within it.
   for (index_t o = 0; o < width; o += 16 * max_vectors) {
     const index_t o_end = std::min(width, o + 16 * max_vectors);
     const int vectors = int((o_end - o) / 16);
@@ -619,9 +617,8 @@ struct sparse_input_kernels {
   // Thread `id` of `team`'s listing of its share of x's rows, null where the share lists more than the whole input
   // may (or x's first element is not finite). The shares are the ones that a data loader on as many threads copies
   // (data_loader), so each thread lists rows in its own core's cache, and each then walks every thread's listing.
-  // (Each thread listing the whole of x took twice as long as its share on two threads, half of x coming from the
-  // other core's cache; one listing shared out left the two-thread step 1.4x as fast as one thread's, each thread
-  // waiting on all of the other's lists.)
+  // (Each thread listing the whole of x would read the other threads' shares from their cores' caches; one listing
+  // shared out would leave each thread waiting on all of the other's lists.)
   static const sparse_input* list_share(const float* x, index_t batch, index_t in, int id, int team,
                                         std::uint64_t tag = 0, std::uint64_t reuse = 0) {
     if (batch < team || in <= 0 || !std::isfinite(x[0])) return nullptr;
@@ -668,7 +665,7 @@ struct sparse_input_kernels {
   // dW = dy^T x (+ dW where accumulate) for x (batch x in), dy (batch x out), dW (out x in), all contiguous. Where
   // the caller vouches that x is unchanged since the forward that last listed it on this thread (input_as_in_forward:
   // static mode's Sequential, which runs each backward right after its forward on buffers it owns), that forward's
-  // listings serve again and x is not read: 10 us of an MNIST step (Zen 4).
+  // listings serve again and x is not read.
   template <class T>
   KILN_KERNEL static bool dense_weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in,
                                                  index_t out, bool accumulate, bool input_as_in_forward = false) {

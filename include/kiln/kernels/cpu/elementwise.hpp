@@ -125,8 +125,8 @@ struct elementwise_kernels {
   }
   // Large fills are split over the threads like every element-wise loop (parallel_chunks), so each thread writes the
   // same part of a buffer that the threaded kernels around it read and write. Zeroing dynamic mode's gradients on
-  // the calling thread alone (an MNIST MLP's 100K weight gradients before each step) moved the lines of the other
-  // thread's half of the weight gradient, and of its Adam state's inputs, between the cores twice per step.
+  // the calling thread alone before each step moved the lines of the other threads' parts of the weight gradient, and
+  // of their Adam state's inputs, between the cores twice per step.
   template <class T>
   KILN_KERNEL static void fill(T* y, T value, index_t n) {
     parallel_chunks<T>(n, [&](index_t begin, index_t end) { std::fill(y + begin, y + end, value); });

@@ -174,13 +174,13 @@ KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id,
   // The hidden layer's forward, this thread's columns: relu(x W1^T + b1). Each thread reads every row of the batch,
   // starting id / team of the way down: where a data loader shared out the batch's rows (data_loader), thread id's
   // own rows are in its core's cache, and the two threads do not wait on the same lines from the other core at once
-  // (docs/benchmarks.md: 3-5 us off this product on two threads).
-  // An input mostly of one value (MNIST's blank pixels) takes the sparse-input products, as Dense's forward and
-  // backward take them (dense_sparse_input.hpp), where `listings` is given: each thread lists its share of the
-  // batch's rows into listings[id], once for the forward and W1's gradient both, and walks every thread's listing
+  // (docs/benchmarks.md).
+  // An input mostly of one value (as images with a blank background are) takes the sparse-input products, as Dense's
+  // forward and backward take them (dense_sparse_input.hpp), where `listings` is given: each thread lists its share of
+  // the batch's rows into listings[id], once for the forward and W1's gradient both, and walks every thread's listing
   // (the same answer on every thread): all of them in one pass over the strips of its rows of W1, after the barrier
-  // that waits for them (sparse_input_forward_sums::add). Its own share added first, before the barrier, kept every
-  // strip of W1^T for the other shares (200 KiB a thread on MNIST), and the step was 1-1.5 us longer.
+  // that waits for them (sparse_input_forward_sums::add). Its own share added first, before the barrier, would keep
+  // every strip of W1^T for the other shares: the thread's whole part of W1^T, not one strip in the L1 cache.
   if (listings) listings[id] = sparse_input_kernels::list_share(a.x, batch, in, id, team);
   const sparse_input* const own = listings ? listings[id] : nullptr;
   // The listing is an equal share of the rows on every thread, whatever the split of the units: not the balance's to
@@ -223,8 +223,8 @@ KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id,
   // This thread's columns of h, taken back for writing while its head's backward reads them: the other threads' head
   // forward read them for their rows and left copies in their cores' caches, and the next step's forward, writing
   // them, then waited for each line to be taken back from the other core, a few at a time. Asked for here, the lines
-  // come back during the backward. On two threads the MNIST step took 1.5-2.5 us less; asked for at the start of the
-  // step instead, where the listing's loads wait on the same fill buffers, nothing (docs/benchmarks.md).
+  // come back during the backward; asked for at the start of the step instead, they would wait on the same fill buffers
+  // as the listing's loads, and gain nothing (docs/benchmarks.md).
   if (team > 1) prefetch_for_writing(h, batch, hidden, u0, u1);
   float loss = 0;
   if (id == 0) {  // b2 (every thread has read it by now) and the loss, summed as softmax_cross_entropy sums it
@@ -236,9 +236,9 @@ KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id,
   }
   // This thread's columns of W2's gradient and of dL/dhidden (as Dense<out>'s backward), the ReLU's backward on them
   // in place and their bias gradient (as Dense<hidden, ReLU>'s backward), then its rows of W1's gradient and the
-  // update of W1, b1 and its columns of W2 (no thread reads W2 after the barrier). With W2's update moved there from
-  // right after its gradient, the MNIST MLP's two-thread step took 1.7-2.1 us less (the head's backward 2 us less,
-  // the updates 1.7 us more: bench/thread_scaling --profile, two runs of each in turns; bits unchanged).
+  // update of W1, b1 and its columns of W2 (no thread reads W2 after the barrier). W2 is updated there rather than
+  // right after its gradient: the head's backward gains more than the updates lose (bench/thread_scaling --profile;
+  // bits unchanged).
   if (head_backward_fusable(batch, hidden, out, a.precision)) {
     head_backward_part(head, h, a.w2.value, a.w2.grad, dh, a.b1.grad, batch, hidden, out, u0, u1);
   } else {

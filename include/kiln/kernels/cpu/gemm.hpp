@@ -57,9 +57,8 @@ inline constexpr index_t direct_max_work = 8 * 8 * 64;
 inline constexpr index_t parallel_min_work = 64 * 64 * 64;
 // A product of one row tile (m <= mr_in_place: a weight gradient with 10 outputs) can only split its columns, and then
 // every thread reads all of A, usually a layer's output gradient just written by one thread. Below this many
-// multiply-adds, moving A to the other core's cache costs more than the split saves: the seed regression's
-// 10 x 100 x 1000 in its training step on two threads took 16.3 us split and 12.8 us on one thread, and the product
-// after it, which writes that gradient again, 6.5 us instead of 3.1 (A's lines were in the other core's cache).
+// multiply-adds, moving A to the other core's cache costs more than the split saves, and the product after it, which
+// writes that gradient again, then finds A's lines in the other core's cache.
 inline constexpr index_t parallel_min_work_single_row_tile = 4 * parallel_min_work;
 
 inline index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
@@ -180,9 +179,7 @@ void gemm_direct(const gemm_problem<T>& g) {
 // groups that fit in L1 beside one B panel (short_k_group_bytes), and each B panel, read where it lies, is swept by
 // the whole group while it sits in L1. B is then read from memory once per group and never packed, where the blocked
 // loops pack all of it (on each thread that shares the rows) and stream the packed block from L2 once per tile.
-// The same micro-kernel and FMA chains, so the same bits. The MNIST MLP's weight gradient, 128 x 784 x 64 on one
-// thread alone, ran 3-12% faster, and its fused training step's median 3-4% shorter on one thread and 1-4% on two
-// (docs/benchmarks.md).
+// The same micro-kernel and FMA chains, so the same bits (the gain: docs/benchmarks.md).
 inline constexpr index_t short_k_group_bytes = 20 * 1024;
 template <class T>
 bool short_k_path(const gemm_problem<T>& g, index_t rows, bool a_in_place) {
@@ -190,8 +187,8 @@ bool short_k_path(const gemm_problem<T>& g, index_t rows, bool a_in_place) {
   const index_t tile_bytes = mr * g.k * index_t(sizeof(T));
   // Worth it where a group holds at least 4 tiles and there are more than 2 of them (with 2 or fewer, B is read in
   // place by the blocked loops already), and where B's rows lie less than a page apart and spread over L1's sets.
-  // Rows a multiple of 256 bytes apart fall in a quarter of the sets or fewer and evict each other (32 x 4096 x 64
-  // ran 7% slower); rows a page or more apart put each step of k on its own page (100 x 3000 x 64: 9% slower).
+  // Rows a multiple of 256 bytes apart fall in a quarter of the sets or fewer and evict each other; rows a page or more
+  // apart put each step of k on its own page.
   const index_t row_bytes = g.ldb * index_t(sizeof(T));
   const bool rows_fit = row_bytes % 64 == 0 && row_bytes % 256 != 0 && row_bytes < 4096 &&
                         reinterpret_cast<std::uintptr_t>(g.b) % 64 == 0;
@@ -248,7 +245,7 @@ void gemm_short_k(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
 // arithmetic depends only on k (through kc), never on the sub-block bounds, so any partition gives the same bits.
 // first_tile_share (of 1) is where in its row tiles the thread starts, wrapping round: threads that split the columns
 // each sweep all the rows of A, and starting at different rows they fetch different lines of it from memory instead
-// of waiting on the same ones (an MNIST MLP's new 64 x 784 batch each step).
+// of waiting on the same ones (a training step's new input batch, which is not in any cache yet).
 template <class T>
 void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, index_t j1,
                   double first_tile_share = 0) {
@@ -269,8 +266,8 @@ void gemm_blocked(const gemm_problem<T>& g, index_t i0, index_t i1, index_t j0, 
   // almost as a packed panel does, in a few consecutive cache lines per step of k: it is never packed.
   // An untransposed A is read in place too: the micro-kernel broadcasts one element per row and step of k, so its mr
   // rows are mr streams through the same L1 lines a packed panel would fill, and packing bought nothing measurable
-  // on one thread. On two threads splitting the columns, it made each thread pack all of A (an MNIST MLP layer's
-  // 64 x 784 input: 104 -> 92 us). The exception is rows 4 KiB apart, whose mr streams would fall in one L1 set.
+  // on one thread. On two threads splitting the columns, it made each thread pack all of A. The exception is rows 4 KiB
+  // apart, whose mr streams would fall in one L1 set.
   const bool a_rows_alias = !g.transpose_a && (g.lda * index_t(sizeof(T))) % 4096 == 0;
   const bool a_in_place = ceil_div(std::min(nc_max, j1 - j0), nr) == 1 || (g.transpose_a && g.lda <= 2 * mr) ||
                           (!g.transpose_a && !a_rows_alias);
@@ -358,8 +355,8 @@ thread_grid choose_thread_grid(index_t m, index_t n, int threads) {
     const int tn = threads / tm;
     const index_t rows = ceil_div(m_panels, tm) * register_block<T>::mr;  // the most loaded thread's share
     const index_t cols = ceil_div(n_panels, tn) * register_block<T>::nr;
-    // Multiply-adds per k, plus packing at ~4x their cost. (At 8x, the MNIST MLP's weight gradient 128 x 784 x 64
-    // split its columns 416 + 368 rather than its rows 64 + 64: 58-61 us against 49-50 us in a two-thread step.)
+    // Multiply-adds per k, plus packing at ~4x their cost. (At 8x, a 128 x 784 x 64 weight gradient on two threads
+    // split its columns rather than its rows, the slower of the two.)
     const index_t cost = rows * cols + 4 * (rows + cols);
     if (best_cost < 0 || cost < best_cost) {
       best_cost = cost;
@@ -416,9 +413,9 @@ void gemm_threaded(const gemm_problem<T>& g) {
 
 // A product with one output column (a regression head: Dense<1>) stored contiguously, C = op(A) op(B) with n = 1,
 // run as its transpose C^T = op(B)^T op(A)^T, a single row of m: the row-major kernels put 16 outputs in one vector
-// there instead of one output per vector (1000 x 1 x 10: 4.9 -> 1.7 us). Every element is the same FMA chain over k
-// (op(A)(i, p) op(B)(p, 0) and op(B)^T(0, p) op(A)^T(p, i) are the same product), so the bits do not change. The
-// bias, a single value, is added by a pass after the product, which rounds as the fused epilogue does.
+// there instead of one output per vector. Every element is the same FMA chain over k (op(A)(i, p) op(B)(p, 0) and
+// op(B)^T(0, p) op(A)^T(p, i) are the same product), so the bits do not change. The bias, a single value, is added by a
+// pass after the product, which rounds as the fused epilogue does.
 template <class T>
 void gemm_single_column(const gemm_problem<T>& g) {
   const epilogue<T> none{};
@@ -437,8 +434,8 @@ void gemm_single_column(const gemm_problem<T>& g) {
 
 // A product with k = 1, an outer product: the input gradient of a Dense<1> head (1000 x 10 x 1). The blocked path
 // spends a whole tile's setup on one step of k; here each row of C is op(A)(i, 0) times the row op(B), stored through
-// the same epilogue eight rows at a time (1000 x 10 x 1: 2.6 -> 0.7 us). The product is an FMA onto +0, as the
-// micro-kernel's first step is, so the bits (signed zeros included) are the blocked path's.
+// the same epilogue eight rows at a time. The product is an FMA onto +0, as the micro-kernel's first step is, so the
+// bits (signed zeros included) are the blocked path's.
 template <class T, int Rows, int Vecs>
 KILN_ALWAYS_INLINE void outer_rows(const T* a, index_t a_stride, const typename simd<T>::reg (&b)[Vecs], T* c,
                                    index_t ldc, int cols, const tile_epilogue<T>& tile) {
@@ -512,8 +509,8 @@ void gemm_narrow(const gemm_problem<T>& g) {
 }
 
 // Whether a single-precision product runs on AMX tiles (gemm_amx.hpp): where the tiles are mostly full and the
-// product repays packing both operands into three pieces (a 37 x 45 x 71 product took 2.5 us there against 1.8 us on
-// AVX-512). Above 16 rows the choice does not depend on m, so that splitting a batch into slices of at least 16 rows
+// product repays packing both operands into three pieces (a small one, such as 37 x 45 x 71, is faster on AVX-512).
+// Above 16 rows the choice does not depend on m, so that splitting a batch into slices of at least 16 rows
 // (policy::cpu's for_batch_slices while AMX is active) never changes a row's path, and its bits.
 inline bool amx_n_k_worthwhile(index_t n, index_t k) { return n >= 16 && k >= 64 && n * k >= 128 * 128; }
 inline bool amx_worthwhile(index_t m, index_t n, index_t k) { return m >= 16 && amx_n_k_worthwhile(n, k); }

@@ -183,10 +183,9 @@ KILN_ALWAYS_INLINE __m512i rounded_to_bfloat16(__m512 x) {
 // at most 16 significant bits) rounded, x = hi + lo within 2^-16 of x; for bfloat16 operands (Pieces = 1), x rounded
 // to nearest with ties to even, alone. bfloat16x3 rounds both pieces to nearest with ties away from zero, an add and
 // a mask each: the ties of hi change nothing (lo then holds the rest exactly), and rounding them to even, by integer
-// arithmetic or by the hardware conversion, left the MNIST MLP's forward product a quarter slower. (A template
-// argument: with a run-time count the packing loops no longer unrolled, and the MNIST MLP's forward product lost a
-// quarter of its speed.) Where the CPU converts to bfloat16 itself (AVX512-BF16), the packers convert bfloat16
-// operands straight from the floats instead.
+// arithmetic or by the hardware conversion, makes the packing, and a small product with it, slower. (A template
+// argument: with a run-time count the packing loops do not unroll.) Where the CPU converts to bfloat16 itself
+// (AVX512-BF16), the packers convert bfloat16 operands straight from the floats instead.
 template <int Pieces>
 KILN_ALWAYS_INLINE split_floats operand_pieces(__m512 x) {
   if constexpr (Pieces == 3) return split_pieces(x);
@@ -730,9 +729,9 @@ inline void sweep_column_pairs(const amx_problem& g, const group_sweep& w) {
 
 // amx_block for an op(B) whose columns [j0, j1) fit the L2 budget with all of k (or come prepacked): B packed
 // whole first, each of its rows in one sweep (the prefetcher follows whole rows, where block by block it met 64
-// short streams: the MNIST MLP's forward reads its batch from memory each step); then 2-tile groups of A's rows,
-// and for each group the k blocks, whose A tiles are packed into L1 and swept across B's column pairs. A group's sums
-// wait in a strip of 32 rows between k blocks, in L1.
+// short streams: a training step's forward reads its new batch from memory); then 2-tile groups of A's rows, and for
+// each group the k blocks, whose A tiles are packed into L1 and swept across B's column pairs. A group's sums wait in a
+// strip of 32 rows between k blocks, in L1.
 inline void amx_block_whole_b(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
   const index_t chunks_total = ceil_div(g.k, chunk_depth);
   const index_t row_tiles = ceil_div(i1 - i0, tile_rows);
@@ -821,8 +820,8 @@ inline void amx_block_by_blocks(const amx_problem& g, index_t i0, index_t i1, in
 // Rows [i0, i1) x columns [j0, j1) of C on the calling thread (i0 and j0 multiples of 16). Every element's sum runs
 // over the same chunks in the same order whatever the sub-block or loop order, so any partition gives the same bits.
 // Where op(B)'s columns fit the L2 budget with all of k, rows go outside k (no A packed twice, a 32-row strip of
-// sums); otherwise k blocks go outside rows, so that B is packed once (the 256 x 784 x 1024 product with rows
-// outside, A packed once per 160-column block, ran at 286 GFLOP/s against 343, and 232 against 625 on two threads).
+// sums); otherwise k blocks go outside rows, so that B is packed once (with rows outside, A is packed again for every
+// block of columns, which costs more on one thread and far more on two).
 inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, index_t j1) {
   if (i0 >= i1 || j0 >= j1) return;
   if (g.b_packed || b_fits_whole(g.k, ceil_div(j1 - j0, tile_rows))) {
@@ -842,9 +841,8 @@ inline void amx_block(const amx_problem& g, index_t i0, index_t i1, index_t j0, 
 
 // Splits C over the threads in whole 16 x 16 tiles, choosing the grid that packs least: packing (each thread packs
 // the A rows and B columns of its own sub-block) costs about as much per element as 32 columns of tile products.
-// (Packing B once, shared by the team, was slower on these VMs: the MNIST MLP's forward took 65 us on two threads
-// against 38 us with each thread packing its own. Every step each core rewrote lines the other had read, and read
-// half of its B from the other core's cache.)
+// (Packing B once, shared by the team, was slower than each thread packing its own: every step each core rewrote lines
+// the other had read, and read half of its B from the other core's cache.)
 inline void amx_threaded(const amx_problem& g, int threads) {
   const index_t row_tiles = ceil_div(g.m, tile_rows), col_tiles = ceil_div(g.n, tile_rows);
   threads = int(std::min<index_t>(threads, row_tiles * col_tiles));
@@ -865,9 +863,9 @@ inline void amx_threaded(const amx_problem& g, int threads) {
   }
   // C stored as computed, with B small enough to pack whole on every thread and at least two row tiles each: rows
   // only, so that each thread's part of C is one contiguous range, as the element-wise passes after it split memory
-  // (the optimizer's update of a flat gradient). The MNIST MLP's weight gradient (128 x 784, k = 64) took 29 us on
-  // two threads so, against 38 us split by columns as the cost above prefers, and the Adam step after it 21 us
-  // against 26 us, which read half of each thread's gradient from the other core's cache.
+  // (the optimizer's update of a flat gradient). Split by columns, as the cost above prefers for a weight gradient such
+  // as 128 x 784 with k = 64, the product was slower, and the Adam step after it read half of each thread's gradient
+  // from the other core's cache.
   if (!g.transposed_output && b_fits_whole(g.k, col_tiles) && row_tiles >= 2 * index_t(threads)) best_tm = threads;
 #if defined(_OPENMP)
   // A split along one dimension (always, on two threads) follows the threads' speeds (thread_balance.hpp); a grid
@@ -938,9 +936,8 @@ inline void amx_gemm(bool transpose_a, bool transpose_b, index_t m, index_t n, i
                      product_precision precision = product_precision::single) {
   // Adding to a C that holds only zeros (a weight gradient accumulated into a freshly registered parameter's .grad;
   // after a zero_grad, dynamic mode passes beta = 0 itself) is writing it: then whole tiles go straight into C instead
-  // of through a read, an add and a write of every element (the MNIST MLP's dynamic-mode step, before zero_grad was
-  // lazy: 185 -> 177-179 us). The scan stops at the first nonzero. The result differs from adding only in the sign
-  // of a sum that is zero (-0 stays -0, as static mode's overwrite leaves it).
+  // of through a read, an add and a write of every element. The scan stops at the first nonzero. The result differs
+  // from adding only in the sign of a sum that is zero (-0 stays -0, as static mode's overwrite leaves it).
   if (beta != 0.0f && all_zero(c, ldc, m, n)) beta = 0.0f;
   amx_threaded(amx_problem_for(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, bias, act,
                                slope, b_packed, precision),

@@ -2,9 +2,9 @@
 // (AMD Zen 4 and later, Intel Cooper Lake).
 //
 // VDPBF16PS adds to each of 16 float lanes the products of two bfloat16 pairs, acc += a[2i] b[2i] + a[2i+1] b[2i+1]:
-// 64 flop per instruction where a float FMA does 32, at the same rate (measured on Zen 4: 229 GFLOP/s against 114 on
-// one core). Each product of two bfloat16 values is exact in float, so a bfloat16 product (product_precision::
-// bfloat16) costs half the float FMAs' time with the same float sums over the rounded operands that AMX tiles give.
+// 64 flop per instruction where a float FMA does 32, at the same rate on Zen 4 (docs/benchmarks.md). Each product of
+// two bfloat16 values is exact in float, so a bfloat16 product (product_precision::bfloat16) costs half the float FMAs'
+// time with the same float sums over the rounded operands that AMX tiles give.
 //
 // The operands come packed in the AMX path's layout (gemm_amx.hpp), which is already what this instruction reads: an
 // A tile is 16 rows of 32 bfloat16 values along k, so one 32-bit word holds a row's pair (k = 2d, 2d + 1); a B tile is

@@ -126,8 +126,8 @@ KILN_ALWAYS_INLINE void copy_padded(const T* src, index_t src_stride, int count,
 
 // copy_padded for unit stride: `count` (< Panel) contiguous values, then zeros. With AVX-512 (or AVX2), masked loads
 // and stores (a masked-off element is never read, so nothing past src[count - 1] is touched). Written as a plain loop, GCC turns
-// it into memcpy and memset calls, which for the few values of a narrow panel cost more than the copy: they took a
-// quarter of the seed regression's step (N = 10 and 1 columns, per packed k).
+// it into memcpy and memset calls, which for the few values of a narrow panel (N = 10 or 1 columns, per packed k) cost
+// more than the copy.
 template <class T, int Panel>
 KILN_ALWAYS_INLINE void copy_padded_contiguous(const T* src, int count, T* KILN_RESTRICT dst) {
 #if defined(__AVX512F__)

@@ -90,10 +90,9 @@ KILN_NOINLINE void head_backward_outputs(const float* head, const float* h, cons
 // each element summed over k in order from zero, the batch for W2's gradient and the outputs for dL/dhidden; a chain
 // that runs on across a group of outputs is stored and reloaded, which is exact; the ReLU's backward is a select). b1's
 // sums are taken in the pass where sum_rows sums each column in one chain of rows in order, and by sum_rows_part
-// after it elsewhere. The MNIST MLP's, on one thread and hot caches: 2.6 us for the two products, against 3.9 for the
-// two gemm calls. In the two-thread step, separate ReLU and sum passes over a thread's half of the units took 1.2-1.7
-// us, more than one thread's 0.9-1.1 over all of them: they read the hidden layer's values again after the other
-// thread's head had read them (docs/benchmarks.md).
+// after it elsewhere. The one pass takes less time than the two gemm calls; on two threads, separate ReLU and sum
+// passes over a thread's half of the units took longer than one thread's over all of them: they read the hidden layer's
+// values again after the other thread's head had read them (docs/benchmarks.md).
 KILN_LIBRARY_FUNCTION void head_backward_part(const float* head, const float* h, const float* w2, float* w2_grad,
                                               float* dh, float* b1_grad, index_t batch, index_t hidden, index_t out,
                                               index_t u0, index_t u1);

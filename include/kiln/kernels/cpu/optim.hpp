@@ -3,9 +3,9 @@
 //
 // The updates run with subnormal floats flushed to zero (flush_denormals_scope). Optimizer state decays geometrically
 // where a gradient stays zero (a dead ReLU's weights: Adam's m by 0.9 and SGD's momentum by its factor per step) and
-// reaches the subnormal range within an epoch, where every x86 operation on it takes a microcode assist. Over four
-// epochs of the MNIST MLP the static step slowed from 222 to 326 us that way (one thread); with the flush it stays at
-// 228-253 us. Only values below 1.2e-38 change, to zero, as in TensorFlow's kernels; PyTorch keeps them.
+// reaches the subnormal range within an epoch, where every x86 operation on it takes a microcode assist, so that the
+// step slows down epoch by epoch. Only values below 1.2e-38 change, to zero, as in TensorFlow's kernels; PyTorch keeps
+// them.
 #pragma once
 
 #include <cmath>
@@ -151,8 +151,7 @@ struct optim_kernels {
     T first, second;
   };
   // Every parameter tensor of a dynamic model calls adam_update with the same betas and step: the last result is kept
-  // per thread, so that the two pow calls run once per step rather than once per tensor (the ladder's tiny op, a
-  // weight and a bias: dynamic step 0.330-0.338 -> 0.296-0.306 us).
+  // per thread, so that the two pow calls run once per step rather than once per tensor.
   template <class T>
   static bias_corrections<T> bias_corrections_for(const adam_step_args<T>& a) {
     static thread_local bias_corrections<T> last{T(0), T(0), -1, T(0), T(0)};
@@ -171,12 +170,12 @@ struct optim_kernels {
 
   // The element loop of adam_update for one case; the arithmetic is the same in every case, term for term. It
   // vectorises only where sqrt need not set errno (-fno-math-errno, which kiln::kiln adds for GCC): unvectorised, this
-  // loop took a third of an MNIST MLP training step. PyTorch divides sqrt(v) by sqrt(bias_correction2); this
-  // takes sqrt(v / bias_correction2) with the division as a multiply by the inverse, which may differ in the last
-  // bit: the second division per element made the loop bound by the divider rather than by memory (52 -> 37 us
-  // over the MNIST MLP's 101,770 parameters). The product sits under the square root, where it cannot be contracted
-  // into an FMA with the add of eps: sqrt(v) * inverse + eps could be, and was in one caller's inlined copy of this
-  // loop but not in another's, which made the static and dynamic CNN test's losses differ.
+  // loop is a large part of a small model's training step. PyTorch divides sqrt(v) by sqrt(bias_correction2); this
+  // takes sqrt(v / bias_correction2) with the division as a multiply by the inverse, which may differ in the last bit:
+  // the second division per element made the loop bound by the divider rather than by memory. The product sits under
+  // the square root, where it cannot be contracted into an FMA with the add of eps: sqrt(v) * inverse + eps could be,
+  // and was in one caller's inlined copy of this loop but not in another's, which made the static and dynamic CNN
+  // test's losses differ.
   template <adam_decay Decay, bool Amsgrad, class T>
   static void adam_loop(T* KILN_RESTRICT param, const T* KILN_RESTRICT grad, T* KILN_RESTRICT exp_avg,
                         T* KILN_RESTRICT exp_avg_sq, T* KILN_RESTRICT exp_avg_sq_max, index_t n,
@@ -253,9 +252,8 @@ struct optim_kernels {
   // m / d for 16 lanes without the divider: a reciprocal estimate (14 bits), one Newton step, the quotient, and one
   // correction by its exact residual m - q d (an FMA), which lands on the correctly rounded quotient in every case
   // tested (tests/test_optim_kernels.cpp, and 10^11 random pairs offline). The square root and the division share one
-  // unit, and with both on it the loop was bound by that unit rather than by memory: 36.7 -> 31.3 us over the MNIST
-  // MLP's 101,770 parameters (one core). Lanes where the estimate breaks down (d zero, subnormal or infinite, or a
-  // quotient that overflows) take the division.
+  // unit, and with both on it the loop was bound by that unit rather than by memory. Lanes where the estimate breaks
+  // down (d zero, subnormal or infinite, or a quotient that overflows) take the division.
   static KILN_ALWAYS_INLINE __m512 quotient(__m512 m, __m512 d) {
     const __m512 one = _mm512_set1_ps(1.0f);
     // (The maskz forms: GCC 12 warns that the plain ones' undefined pass-through registers may be used uninitialised.)

@@ -68,9 +68,9 @@ struct pooling_kernels {
 
   // The commonest pooling, 2 x 2 windows at stride 2 that all lie inside the plane (no padding, no partial ceil-mode
   // window), written out: the generic loops above test every window position against the plane's edges, which a
-  // static layer's compiler folds away for its constant geometry but a dynamic module's cannot (perf: the generic
-  // loops made a dynamic 2-conv CNN's max pooling 2.8x the static layer's). The same comparisons (max_pool_prefers,
-  // max_pool_matches) in the same window order as max_pool_window and max_pool_argmax: the same results.
+  // static layer's compiler folds away for its constant geometry but a dynamic module's cannot. The same comparisons
+  // (max_pool_prefers, max_pool_matches) in the same window order as max_pool_window and max_pool_argmax: the same
+  // results.
   static bool is_plain_2x2(const conv_geometry& g) {
     return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 && g.pad_w == 0 &&
            g.dilation_h == 1 && g.dilation_w == 1 && 2 * g.out_height <= g.height && 2 * g.out_width <= g.width;
@@ -90,9 +90,9 @@ struct pooling_kernels {
   // Each window writes all four of its pixels: the gradient to the first that matches the maximum, zero to the
   // others (or adds them, accumulating: adding zero leaves a pixel as it was, -0 aside). Which pixel matches is data,
   // not pattern, so the choice is made with bit masks rather than branches: a branch per pixel mispredicted about
-  // once per window, and with the zeroing in a pass of its own that made this 7.7 ms of an MNIST CNN step (now
-  // 1.4-1.9 ms, same bits). Pixels that no window covers (an odd last row or column) are zeroed. Where AVX-512 is
-  // there, pooling_simd.hpp runs the same comparisons on 16 windows of a row at a time, forward and backward.
+  // once per window, and the zeroing is not a pass of its own. Pixels that no window covers (an odd last row or column)
+  // are zeroed. Where AVX-512 is there, pooling_simd.hpp runs the same comparisons on 16 windows of a row at a time,
+  // forward and backward.
   template <class T>
   static void max_pool_2x2_backward(const T* x, const T* y, const T* dy, T* dx, index_t p0, index_t p1,
                                     const conv_geometry& g, bool accumulate) {

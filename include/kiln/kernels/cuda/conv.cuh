@@ -106,8 +106,8 @@ struct conv_kernels {
 
   // The CPU's convolution (kernels::cpu::conv_kernels::conv2d_forward: same arguments), with im2col of the whole
   // batch into col in one launch, kept there for the backward, and one strided batched GEMM per group over all
-  // samples (Policy::gemm_strided_batched: cuBLAS; a launch per sample made the MNIST CNN's step 6x slower than
-  // cuDNN's on an H100).
+  // samples (Policy::gemm_strided_batched: cuBLAS; a launch per sample gives each launch a small image's product, too
+  // little work to fill the device).
   template <class Policy, class T>
   static void conv2d_forward(const T* x, const T* weight, const T* bias, T* y, T* col, index_t batch,
                              const conv_geometry& g) {

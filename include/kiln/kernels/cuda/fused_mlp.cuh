@@ -73,7 +73,7 @@ struct fused_adam {
   };
   // Loads the first `count` of N elements at index[k] of p. Every load is issued before any store, since the compiler
   // may not move a load above a store to memory that might alias it, and loads one after another would each wait for
-  // the last (with 8 units per block, the MNIST MLP's step went from 115.8 to 101.7 us on an H100).
+  // the last.
   template <int N>
   __device__ void load(const fused_parameter& p, const index_t (&index)[N], int count, state<N>& s) const {
 #pragma unroll
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
       labels[k] = g.labels[s < g.batch ? s : g.batch - 1];
     }
     // Every class of the kernel's width is summed, those past the head's end from W2's last row, so that no branch
-    // stands between the loads (with one per class, each load of W2 waited for the last: 23 us of a 46 us step).
+    // stands between the loads (with one per class, each load of W2 would wait for the last).
     // Where the rows are whole 16-byte vectors (hidden a multiple of 128, W2 aligned), each lane reads four
     // consecutive units of a row in one load: one round trip for all the rows of the group.
     if (vector_rows) {
@@ -340,8 +340,9 @@ __global__ void __launch_bounds__(fused_mlp_threads, 1) fused_mlp_step_kernel(fu
 
   // Backward through this block's units: dL/dhidden (through the ReLU: the output is positive where it passed), the
   // head's weight columns, the biases. The block's own hidden values wait in shared memory since the forward.
-  // Meanwhile block 0's last thread, idle in these loops for the MNIST MLP, computes the next step's bias
-  // corrections (two double-precision powers) into the slot this step does not read.
+  // Meanwhile block 0's last thread, idle in these loops when batch * units and out * units are below the block's
+  // threads, computes the next step's bias corrections (two double-precision powers) into the slot this step does not
+  // read.
   if (blockIdx.x == 0 && thread == fused_mlp_threads - 1)
     store_fused_bias_corrections(g.adam, step + 1, g.bias_corrections);
   for (index_t i = thread; i < g.batch * units; i += fused_mlp_threads) {
@@ -438,7 +439,7 @@ inline index_t fused_mlp_blocks(index_t hidden, int units) { return (hidden + un
 
 // The hidden units a block owns unless the caller chooses: the fewest of 2, 4 and 8 that need no more blocks than the
 // device has SMs. Fewer units per block means more blocks at work, each reading the whole batch twice (forward and
-// dW1); the MNIST MLP's step on an H100 took 74.7 us with 2 units (64 blocks), 82.7 with 4 and 115.8 with 8.
+// dW1), and less work in each; the spread over more SMs outweighs the extra reads (docs/benchmarks.md).
 inline int fused_mlp_auto_units(index_t hidden) {
   for (int units : {2, 4})
     if (fused_mlp_blocks(hidden, units) <= kiln::cuda::multiprocessor_count()) return units;
