@@ -3,6 +3,7 @@
 // changing anything; ModelCheckpoint writes real files.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -378,7 +379,8 @@ TEST_CASE("ModelCheckpoint writes the best weights to a file (and keeps them in 
   model.fit(d.x, d.y, {.epochs = 3, .batch_size = 8, .callbacks = {checkpoint}, .verbose = 0});
   REQUIRE(checkpoint->best_epoch() >= 0);
   REQUIRE(!checkpoint->last_path().empty());
-  CHECK(checkpoint->last_path() == temp_path("best_" + std::to_string(checkpoint->best_epoch()) + ".safetensors").string());
+  // "{epoch}" counts from 1, as the progress bar and Keras do; best_epoch() from 0, as on_epoch_end does.
+  CHECK(checkpoint->last_path() == temp_path("best_" + std::to_string(checkpoint->best_epoch() + 1) + ".safetensors").string());
   static_net loaded(8, 77);
   io::load_weights(loaded, checkpoint->last_path());
   auto a = loaded.state_dict();
@@ -386,6 +388,33 @@ TEST_CASE("ModelCheckpoint writes the best weights to a file (and keeps them in 
   REQUIRE(a.size() == b.size());
   for (std::size_t i = 0; i < a.size(); ++i)
     for (index_t k = 0; k < a[i].second.numel(); ++k) CHECK(a[i].second[k] == b[i].second[k]);
+  CHECK(*io::read_safetensors(checkpoint->last_path()).meta("epoch") == std::to_string(checkpoint->best_epoch() + 1));
+}
+
+TEST_CASE("ModelCheckpoint by default writes every epoch, as Keras, and still keeps the best in memory") {
+  data_set d;
+  static_net net(8, 2);
+  Model model(net);
+  model.compile(optim::SGD({.lr = 5.0}), loss::cross_entropy{});  // a rate this large makes the loss jump about
+  const auto dir = temp_path("every_epoch");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto checkpoint = std::make_shared<train::ModelCheckpoint>(
+      train::ModelCheckpoint::options{.monitor = "loss", .path = (dir / "e{epoch}.safetensors").string()});
+  auto history = model.fit(d.x, d.y, {.epochs = 4, .batch_size = 8, .callbacks = {checkpoint}, .verbose = 0});
+  for (int e = 1; e <= 4; ++e) CHECK(std::filesystem::exists(dir / ("e" + std::to_string(e) + ".safetensors")));
+  CHECK(!std::filesystem::exists(dir / "e0.safetensors"));
+  CHECK(checkpoint->last_path() == (dir / "e4.safetensors").string());
+  // The last file holds the last epoch's weights: the model's now.
+  static_net loaded(8, 77);
+  io::load_weights(loaded, checkpoint->last_path());
+  const auto a = loaded.state_dict(), now = net.state_dict();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (index_t k = 0; k < a[i].second.numel(); ++k) CHECK(a[i].second[k] == now[i].second[k]);
+  // In memory: the epoch of the lowest loss.
+  const auto losses = history.series("loss");
+  const auto best = std::min_element(losses.begin(), losses.end()) - losses.begin();
+  CHECK(checkpoint->best_epoch() == best);
 }
 
 namespace {

@@ -140,18 +140,22 @@ class EarlyStopping : public callback {
   weight_snapshot best_weights_;
 };
 
-// ModelCheckpoint's settings.
+// ModelCheckpoint's settings, with Keras' defaults: every epoch is saved unless save_best_only.
 struct model_checkpoint_options {
   std::string monitor = "val_loss";
   monitor_mode mode = monitor_mode::automatic;
-  bool save_best_only = true;
-  // When not empty, each saved snapshot is also written there as a safetensors weights file (kiln::io::load_weights
-  // reads it; so does PyTorch). "{epoch}" in the path is replaced by the epoch number.
+  // Write the file only at an epoch that improves on the best so far (Keras' default: false, every epoch).
+  bool save_best_only = false;
+  // When not empty, the weights are written there as a safetensors weights file (kiln::io::load_weights reads it; so
+  // does PyTorch). "{epoch}" in the path is replaced by the epoch's number counted from 1, as the progress bar, the
+  // history's rows and Keras count them: "ckpt_{epoch}.safetensors" after the first epoch is "ckpt_1.safetensors".
   std::string path{};
 };
 
-// Keeps the weights of the best epoch (by the monitored quantity) in memory; best_weights() hands them out. With a
-// path, it also writes them to a file (atomically), with the epoch and monitored value in the metadata.
+// Keeps the weights of the best epoch (by the monitored quantity) in memory; best_weights() and best_epoch() hand them
+// out whatever save_best_only says. With a path, it also writes each epoch's weights (or, with save_best_only, those
+// of each epoch that improves) to a file, atomically, with the epoch's number (from 1) and the monitored value in the
+// metadata.
 class ModelCheckpoint : public callback {
  public:
   using options = model_checkpoint_options;
@@ -159,23 +163,24 @@ class ModelCheckpoint : public callback {
 
   void on_train_begin(training_control&) override { best_.reset(); }
   void on_epoch_end(int epoch, logs& l, training_control& control) override {
-    double value = detail::monitored(l, options_.monitor, "ModelCheckpoint");
-    if (best_.improved(value) || !options_.save_best_only) {
+    const double value = detail::monitored(l, options_.monitor, "ModelCheckpoint");
+    const bool improved = best_.improved(value);
+    if (improved) {
       weights_ = control.weights();
       epoch_ = epoch;
-      if (!options_.path.empty()) {
-        std::string file = options_.path;
-        for (std::size_t at; (at = file.find("{epoch}")) != std::string::npos;)
-          file.replace(at, 7, std::to_string(epoch));
-        std::ostringstream v;
-        v.precision(17);
-        v << value;
-        io::write_state_dict(file, weights_, {{"epoch", std::to_string(epoch)}, {options_.monitor, v.str()}});
-        last_path_ = file;
-      }
     }
+    if (options_.path.empty() || (options_.save_best_only && !improved)) return;
+    const std::string number = std::to_string(epoch + 1);
+    std::string file = options_.path;
+    for (std::size_t at; (at = file.find("{epoch}")) != std::string::npos;) file.replace(at, 7, number);
+    std::ostringstream v;
+    v.precision(17);
+    v << value;
+    io::write_state_dict(file, improved ? weights_ : control.weights(), {{"epoch", number}, {options_.monitor, v.str()}});
+    last_path_ = file;
   }
   const weight_snapshot& best_weights() const { return weights_; }
+  // The best epoch, counted from 0 as on_epoch_end's argument and EarlyStopping::best_epoch() count it; -1 before any.
   int best_epoch() const { return epoch_; }
   // The file written last ("" before any, or without a path).
   const std::string& last_path() const { return last_path_; }
