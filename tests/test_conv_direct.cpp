@@ -312,7 +312,7 @@ TEST_CASE("sparse convolution gradients: which convolutions they take") {
   using kernels::cpu::conv_sparse_weight_gradient_applies;
   const auto mnist = make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1);
 #if defined(__AVX512F__)
-  if (kiln::env_switch_on("KILN_SPARSE_GRADIENT")) {
+  if (kiln::switch_on(kiln::run_switch::sparse_gradient)) {
     CHECK(conv_sparse_weight_gradient_applies<float>(mnist));
     CHECK(conv_sparse_input_gradient_applies<float>(mnist));
   }

@@ -1,12 +1,16 @@
-// Core types: shape, tensor, views, the counter-based generator and the initialisations.
+// Core types: shape, tensor, views, the counter-based generator, the initialisations and the run-time switches.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <iterator>
 #include <set>
+#include <string>
 
 #include "kiln/core/init.hpp"
 #include "kiln/core/random.hpp"
+#include "kiln/core/switches.hpp"
 #include "kiln/core/tensor.hpp"
+#include "kiln/kernels/cpu/dense_sparse_input.hpp"
 
 using namespace kiln;
 
@@ -94,4 +98,20 @@ TEST_CASE("PyTorch's Linear initialisation bounds") {
   Tensor<float> x(shape{1000});
   init::xavier_uniform(x.span(), 10, 20, rng);
   for (float v : x.span()) CHECK(std::abs(v) <= std::sqrt(6.0f / 30.0f));
+}
+
+TEST_CASE("run-time switches: one registry, in order, each named once, and its setters are the kernels'") {
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < std::size(run_switches); ++i) {
+    CHECK(static_cast<std::size_t>(run_switches[i].id) == i);
+    CHECK(std::string(run_switches[i].environment).rfind("KILN_", 0) == 0);
+    CHECK(names.insert(run_switches[i].environment).second);
+    CHECK(&switch_info(run_switches[i].id) == &run_switches[i]);
+  }
+  const bool was = switch_on(run_switch::sparse_input);
+  set_switch(run_switch::sparse_input, false);
+  CHECK_FALSE(kernels::cpu::sparse_input_products_enabled());
+  kernels::cpu::set_sparse_input_products(true);
+  CHECK(switch_on(run_switch::sparse_input));
+  set_switch(run_switch::sparse_input, was);
 }

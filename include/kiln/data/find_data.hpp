@@ -11,6 +11,7 @@
 
 #include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/error.hpp"
+#include "kiln/core/switches.hpp"
 
 namespace kiln::data {
 
@@ -65,7 +66,7 @@ KILN_LIBRARY_FUNCTION std::filesystem::path detail::find_data_dir(const std::str
   } else {
     tried.emplace_back("--data", fs::path("(not given)"));
   }
-  if (const char* env = std::getenv("KILN_DATA"); env && *env) {
+  if (const char* env = environment_setting("KILN_DATA"); env && *env) {
     if (try_dir("$KILN_DATA", fs::path(env) / subdir)) return fs::path(env) / subdir;
   } else {
     tried.emplace_back("$KILN_DATA", fs::path("(not set)"));

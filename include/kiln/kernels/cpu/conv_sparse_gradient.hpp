@@ -27,7 +27,7 @@
 #include <utility>
 
 #include "kiln/core/config.hpp"
-#include "kiln/core/env_switch.hpp"
+#include "kiln/core/switches.hpp"
 #include "kiln/kernels/cpu/conv_direct.hpp"
 #include "kiln/kernels/cpu/conv_geometry.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
@@ -40,11 +40,9 @@ namespace kiln::kernels::cpu {
 inline constexpr double sparse_gradient_max_density = 0.5;
 
 namespace conv_sparse_detail {
-// Whether the user allows the kernels: set_sparse_conv_gradients, initialised from KILN_SPARSE_GRADIENT.
-inline std::atomic<bool>& sparse_allowed() {
-  static std::atomic<bool> allowed{env_switch_on("KILN_SPARSE_GRADIENT")};
-  return allowed;
-}
+// Whether the user allows the kernels: the switch run_switch::sparse_gradient (core/switches.hpp,
+// KILN_SPARSE_GRADIENT), which set_sparse_conv_gradients sets.
+inline std::atomic<bool>& sparse_allowed() { return switches_detail::state(run_switch::sparse_gradient); }
 
 // Accumulator registers a pass may hold: the window elements are summed in chunks of at most this many vectors.
 inline constexpr int max_vectors = 24;

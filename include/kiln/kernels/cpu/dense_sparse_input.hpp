@@ -37,7 +37,7 @@
 #include <utility>
 
 #include "kiln/core/config.hpp"
-#include "kiln/core/env_switch.hpp"
+#include "kiln/core/switches.hpp"
 #include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
@@ -56,11 +56,9 @@ namespace kiln::kernels::cpu {
 inline constexpr double sparse_input_max_work = 0.75;
 
 namespace sparse_input_detail {
-// Whether the user allows the kernels: set_sparse_input_products, initialised from KILN_SPARSE_INPUT.
-inline std::atomic<bool>& sparse_allowed() {
-  static std::atomic<bool> allowed{env_switch_on("KILN_SPARSE_INPUT")};
-  return allowed;
-}
+// Whether the user allows the kernels: the switch run_switch::sparse_input (core/switches.hpp, KILN_SPARSE_INPUT),
+// which set_sparse_input_products sets.
+inline std::atomic<bool>& sparse_allowed() { return switches_detail::state(run_switch::sparse_input); }
 // Output units a pass holds per column: 4 vectors of 16, for the 4 columns of a group (sparse_input::group), 16
 // registers.
 inline constexpr int max_vectors = 4;

@@ -37,7 +37,7 @@
 #include <optional>
 
 #include "kiln/core/config.hpp"
-#include "kiln/core/env_switch.hpp"
+#include "kiln/core/switches.hpp"
 #include "kiln/core/error.hpp"
 #include "kiln/core/memory.hpp"
 #include "kiln/core/threads.hpp"
@@ -67,11 +67,9 @@ namespace kiln::kernels::cpu {
 
 namespace amx_detail {
 
-// Whether the user allows the AMX path: set_amx_gemm, initialised from KILN_AMX ("0" turns it off).
-inline std::atomic<bool>& amx_allowed() {
-  static std::atomic<bool> allowed{env_switch_on("KILN_AMX")};
-  return allowed;
-}
+// Whether the user allows the AMX path: the switch run_switch::amx (core/switches.hpp, KILN_AMX), which set_amx_gemm
+// sets.
+inline std::atomic<bool>& amx_allowed() { return switches_detail::state(run_switch::amx); }
 
 #if KILN_HAS_AMX
 // Linux hands out the tile registers' state only to a process that asks for it (arch_prctl); the answer also says

@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "kiln/core/config.hpp"
-#include "kiln/core/env_switch.hpp"
+#include "kiln/core/switches.hpp"
 
 // (Not in code that nvcc compiles, like the AMX path.)
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__x86_64__) && !defined(__CUDACC__)
@@ -36,11 +36,9 @@
 namespace kiln::kernels::cpu {
 
 namespace bf16_dot_detail {
-// Whether the user allows the path: set_bf16_dot_gemm, initialised from KILN_BF16_DOT ("0" turns it off).
-inline std::atomic<bool>& bf16_dot_allowed() {
-  static std::atomic<bool> allowed{env_switch_on("KILN_BF16_DOT")};
-  return allowed;
-}
+// Whether the user allows the path: the switch run_switch::bf16_dot (core/switches.hpp, KILN_BF16_DOT), which
+// set_bf16_dot_gemm sets.
+inline std::atomic<bool>& bf16_dot_allowed() { return switches_detail::state(run_switch::bf16_dot); }
 }  // namespace bf16_dot_detail
 
 // Turns the AVX512-BF16 path of bfloat16 products on or off for every later call (on by default where the build

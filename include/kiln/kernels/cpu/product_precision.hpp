@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "kiln/core/config.hpp"
+#include "kiln/core/switches.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -46,7 +47,7 @@ namespace product_precision_detail {
 // precision).
 inline std::atomic<product_precision>& default_precision() {
   static std::atomic<product_precision> precision{[] {
-    const char* env = std::getenv("KILN_PRODUCT_PRECISION");
+    const char* env = environment_setting("KILN_PRODUCT_PRECISION");
     const auto is = [env](const char* name) { return env && std::strcmp(env, name) == 0; };
     if (is("bfloat16") || is("bf16")) return product_precision::bfloat16;
     if (is("bfloat16x3") || is("bf16x3")) return product_precision::bfloat16x3;

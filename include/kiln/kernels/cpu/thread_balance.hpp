@@ -26,7 +26,7 @@
 
 #include "kiln/core/compiled_kernels.hpp"
 #include "kiln/core/config.hpp"
-#include "kiln/core/env_switch.hpp"
+#include "kiln/core/switches.hpp"
 #include "kiln/core/error.hpp"
 
 namespace kiln::kernels::cpu {
@@ -57,11 +57,9 @@ struct thread_split {
 
 namespace balance_detail {
 
-// Whether the user allows balancing: set_thread_balancing, initialised from KILN_BALANCE ("0" turns it off).
-inline std::atomic<bool>& balancing_allowed() {
-  static std::atomic<bool> allowed{env_switch_on("KILN_BALANCE")};
-  return allowed;
-}
+// Whether the user allows balancing: the switch run_switch::thread_balance (core/switches.hpp, KILN_BALANCE), which
+// set_thread_balancing sets.
+inline std::atomic<bool>& balancing_allowed() { return switches_detail::state(run_switch::thread_balance); }
 
 // Shares fixed by set_fixed_thread_shares, normalised; empty when none are.
 struct fixed_shares {
