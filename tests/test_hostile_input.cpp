@@ -70,6 +70,22 @@ void* operator new(std::size_t bytes, std::align_val_t align) {
   return p;
 }
 void* operator new[](std::size_t bytes, std::align_val_t align) { return operator new(bytes, align); }
+// The nothrow forms too (std::stable_sort's buffer takes one): every allocation is counted and freed by free().
+void* operator new(std::size_t bytes, const std::nothrow_t&) noexcept {
+  void* p = std::malloc(bytes ? bytes : 1);
+  if (p) note_allocation(p);
+  return p;
+}
+void* operator new[](std::size_t bytes, const std::nothrow_t& tag) noexcept { return operator new(bytes, tag); }
+void* operator new(std::size_t bytes, std::align_val_t align, const std::nothrow_t&) noexcept {
+  const std::size_t a = static_cast<std::size_t>(align);
+  void* p = std::aligned_alloc(a, (bytes + a - 1) / a * a);
+  if (p) note_allocation(p);
+  return p;
+}
+void* operator new[](std::size_t bytes, std::align_val_t align, const std::nothrow_t& tag) noexcept {
+  return operator new(bytes, align, tag);
+}
 void operator delete(void* p) noexcept {
   if (p) live_bytes.fetch_sub(static_cast<long long>(malloc_usable_size(p)));
   std::free(p);
@@ -81,6 +97,10 @@ void operator delete(void* p, std::align_val_t) noexcept { operator delete(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { operator delete(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { operator delete(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { operator delete(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { operator delete(p); }
 
 namespace {
 
