@@ -183,9 +183,11 @@ KILN_LIBRARY_FUNCTION st_file parse_safetensors(std::string_view bytes, const st
     ranges.push_back({static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(end), file.tensors.size()});
     file.tensors.push_back(std::move(t));
   }
-  // Ties keep header order, empty tensors first: a writer puts an empty tensor at the offset of the next one.
-  std::stable_sort(ranges.begin(), ranges.end(), [](const range& a, const range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  // Empty tensors first among those at one offset (a writer puts an empty tensor at the offset of the next one), ties
+  // in header order.
+  std::sort(ranges.begin(), ranges.end(), [](const range& a, const range& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    return a.end != b.end ? a.end < b.end : a.index < b.index;
   });
   // As the safetensors library requires, the tensors tile the data exactly: each starts where the one before it ends
   // (an empty tensor at that same offset), and the last ends at the end of the file.
