@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "kiln/core/cpu_check.hpp"
 #include "kiln/core/init.hpp"
 #include "kiln/core/random.hpp"
 #include "kiln/core/switches.hpp"
@@ -114,4 +115,22 @@ TEST_CASE("run-time switches: one registry, in order, each named once, and its s
   kernels::cpu::set_sparse_input_products(true);
   CHECK(switch_on(run_switch::sparse_input));
   set_switch(run_switch::sparse_input, was);
+}
+
+TEST_CASE("the notice of unused vector extensions names only what the CPU has and the build leaves out") {
+  const std::string unused = unused_vector_extensions();
+  MESSAGE("unused vector extensions: '", unused, "'");
+#if defined(__AVX512F__)
+  CHECK(unused.find("AVX-512") == std::string::npos);
+#endif
+#if defined(__AVX2__)
+  CHECK(unused.find("AVX2") == std::string::npos);
+#endif
+#if defined(__FMA__)
+  CHECK(unused.find("FMA") == std::string::npos);
+#endif
+#if defined(__x86_64__)
+  if (unused.find("AVX2") != std::string::npos) CHECK(__builtin_cpu_supports("avx2"));
+  if (unused.find("AVX-512") != std::string::npos) CHECK(__builtin_cpu_supports("avx512f"));
+#endif
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kiln/core/compiled_kernels.hpp"
+#include "kiln/core/cpu_check.hpp"
 
 namespace kiln {
 
