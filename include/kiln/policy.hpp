@@ -16,6 +16,7 @@
 #include "kiln/kernels/cpu/recurrent.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 #include "kiln/kernels/cpu/softmax.hpp"
+#include "kiln/kernels/cpu/tensor_ops.hpp"
 
 #if defined(KILN_HAVE_CBLAS)
 #include <cblas.h>
@@ -32,7 +33,8 @@ struct cpu : kernels::cpu::elementwise_kernels,
              kernels::cpu::optim_kernels,
              kernels::cpu::recurrent_kernels,
              kernels::cpu::cnn_kernels,
-             kernels::cpu::sparse_input_kernels {
+             kernels::cpu::sparse_input_kernels,
+             kernels::cpu::tensor_kernels {
   static constexpr const char* name = "cpu";
   // Convolutions' forward (unit strides) and weight gradient read their input in place with the blocked GEMM's
   // arithmetic (conv_direct.hpp) instead of building im2col's column matrix for gemm: the same bits, where gemm would

@@ -24,6 +24,7 @@
 #include "kiln/kernels/cuda/optim.cuh"
 #include "kiln/kernels/cuda/reduce.cuh"
 #include "kiln/kernels/cuda/softmax.cuh"
+#include "kiln/kernels/cuda/tensor_ops.cuh"
 #include "kiln/policy.hpp"
 #include "kiln/kernels/cuda/cnn.cuh"
 #include "kiln/kernels/cuda/recurrent.cuh"
@@ -62,6 +63,7 @@ struct cuda : kernels::cuda::elementwise_kernels,
               // CNN and recurrent kernels (conv2d_forward / conv2d_backward: im2col + Policy::gemm)
               kernels::cuda::cnn_kernels,
               kernels::cuda::recurrent_kernels,
+              kernels::cuda::tensor_kernels,  // dynamic mode's general tensor ops
               cuda_gemm<kernels::cuda::gemm_math::fp32> {  // FP32 products for float, no TF32
   static constexpr const char* name = "cuda";
 

@@ -30,6 +30,8 @@
   X(kiln::nn::basic_tanh, T)                            \
   X(kiln::nn::basic_identity, T)                        \
   X(kiln::nn::basic_flatten, T)                         \
+  X(kiln::nn::basic_unflatten, T)                       \
+  X(kiln::nn::basic_embedding, T)                       \
   X(kiln::nn::basic_softmax_module, T, false)           \
   X(kiln::nn::basic_softmax_module, T, true)            \
   X(kiln::nn::basic_conv2d, T)                          \
@@ -69,6 +71,25 @@
   X(kiln::nn::detail::spread_backward, T)                        \
   X(kiln::nn::detail::reshape_backward, T)                       \
   X(kiln::nn::detail::softmax_backward_entry, T)                 \
+  X(kiln::nn::detail::unary_backward_entry, T)                   \
+  X(kiln::nn::detail::binary_backward_entry, T)                  \
+  X(kiln::nn::detail::where_backward_entry, T)                   \
+  X(kiln::nn::detail::reduce_dims_backward, T)                   \
+  X(kiln::nn::detail::permute_backward, T)                       \
+  X(kiln::nn::detail::expand_backward, T)                        \
+  X(kiln::nn::detail::slice_backward, T)                         \
+  X(kiln::nn::detail::cat_backward, T)                           \
+  X(kiln::nn::detail::index_select_backward, T)                  \
+  X(kiln::nn::detail::gather_backward, T)                        \
+  X(kiln::nn::detail::scatter_add_backward, T)                   \
+  X(kiln::nn::detail::unary, T)                                  \
+  X(kiln::nn::detail::binary, T)                                 \
+  X(kiln::nn::detail::reduce_dims, T)                            \
+  X(kiln::nn::detail::matmul_batched, T)                         \
+  X(kiln::nn::permute, T)                                        \
+  X(kiln::nn::expand, T)                                         \
+  X(kiln::nn::slice, T)                                          \
+  X(kiln::nn::cat, T)                                            \
   X(kiln::nn::relu, T)                                           \
   X(kiln::nn::leaky_relu, T)                                     \
   X(kiln::nn::gelu, T)                                           \
@@ -95,8 +116,7 @@
   X(kiln::nn::rnn_op, kiln::gru_cell, T)                         \
   X(kiln::nn::rnn_select, T)                                     \
   X(kiln::nn::stack_states, T)                                   \
-  X(kiln::nn::sum, T)                                            \
-  X(kiln::nn::mean, T)                                           \
+  X(kiln::nn::detail::reduce_all, T)                             \
   X(kiln::nn::reshape, T)                                        \
   X(kiln::nn::flatten, T)                                        \
   X(kiln::nn::softmax, T)                                        \

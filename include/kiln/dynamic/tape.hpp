@@ -1,7 +1,7 @@
 // The autograd tape: a thread-local list of entries, one per differentiable op, appended as the ops run
 // (docs/design.md, "Dynamic mode"). An entry is a plain struct (a function pointer, the output, up to four inputs, two
 // small saved numbers) in a vector whose capacity is kept, so recording costs no allocation after warm-up and no
-// std::function.
+// std::function; the ops that must save more (a permutation, an index array, a cat's inputs) add a saved_state.
 //
 // Lifetime: an entry holds references to its inputs but not to its output. When the output dies (the user dropped
 // it and no later op used it), its entry dies too and releases its inputs, and dead entries at the end of the tape are
@@ -12,6 +12,8 @@
 // freed part raises an error instead of dropping the gradient that should have flowed there.
 #pragma once
 
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "kiln/core/error.hpp"
@@ -26,6 +28,25 @@ struct tape_entry;
 template <class T>
 using backward_function = void (*)(const tape_entry<T>&);
 
+// What an op saves for its backward beyond an entry's inline fields (a list of dimensions, a permutation, an index
+// array, the inputs of a cat past the fourth, a custom function's context). The entry owns it; `inputs` holds
+// references, released with it, to further inputs, which backward() checks as it checks in[].
+template <class T>
+struct saved_state {
+  saved_state() = default;
+  saved_state(const saved_state&) = delete;
+  saved_state& operator=(const saved_state&) = delete;
+  virtual ~saved_state() {
+    for (auto* n : inputs) release(n);
+  }
+  // Takes a reference to n and keeps it until this state dies.
+  void keep_input(variable_node<T>* n) {
+    retain(n);
+    inputs.push_back(n);
+  }
+  std::vector<variable_node<T>*> inputs;
+};
+
 template <class T>
 struct tape_entry {
   backward_function<T> backward = nullptr;
@@ -34,6 +55,7 @@ struct tape_entry {
   T scalar = T(0);                  // a saved number (a slope, a scale)
   int aux = 0;                      // a saved integer (a dimension)
   int owner = -1;                   // the profiled part that recorded it (dynamic/step_profile.hpp), or -1
+  saved_state<T>* saved = nullptr;  // owned; null for the ops whose inline fields suffice
 };
 
 // Told when each entry's backward is done, during a profiled backward (dynamic/step_profile.hpp).
@@ -89,14 +111,25 @@ class tape {
     out->creator = static_cast<int>(entries_.size());
     entries_.push_back(tape_entry<T>{fn, out, {a, b, c, d}, scalar, aux, owner_});
   }
+  // The same, with state the backward reads (the entry takes ownership of it).
+  void record(backward_function<T> fn, variable_node<T>* out, std::unique_ptr<saved_state<T>> saved,
+              variable_node<T>* a = nullptr, variable_node<T>* b = nullptr, T scalar = T(0), int aux = 0) {
+    if (entries_.size() == entries_.capacity()) compact();
+    retain(a);
+    retain(b);
+    out->creator = static_cast<int>(entries_.size());
+    entries_.push_back(tape_entry<T>{fn, out, {a, b, nullptr, nullptr}, scalar, aux, owner_, saved.release()});
+  }
 
   // The output of entry `index` died: drop the entry, release its inputs, pop dead entries off the end.
   void forget(int index) {
     auto& e = entries_[static_cast<std::size_t>(index)];
     variable_node<T>* inputs[4] = {e.in[0], e.in[1], e.in[2], e.in[3]};
+    saved_state<T>* saved = std::exchange(e.saved, nullptr);
     e.out = nullptr;
     e.in[0] = e.in[1] = e.in[2] = e.in[3] = nullptr;
     for (auto* n : inputs) release(n);  // may come back into forget() for earlier entries
+    delete saved;
     pop_dead_entries();
   }
 
@@ -121,6 +154,9 @@ class tape {
       if (!e.out || !e.out->grad) continue;  // dead, or not part of this loss's graph
       for (auto* n : e.in)
         if (n && n->graph_freed && n->requires_grad) fail_freed(n);
+      if (e.saved)
+        for (auto* n : e.saved->inputs)
+          if (n->graph_freed && n->requires_grad) fail_freed(n);
       e.backward(e);
       if (observer_) observer_->entry_done(e.owner);
       // Consumed (every user of this value came later on the tape): its gradient goes. So does its graph, whose
@@ -144,8 +180,10 @@ class tape {
         e.out->graph_freed = true;
       }
     // Releasing may destroy nodes, which no longer point at the tape, so the vector is stable during this loop.
-    for (auto& e : entries_)
+    for (auto& e : entries_) {
       for (auto*& n : e.in) release(std::exchange(n, nullptr));
+      delete std::exchange(e.saved, nullptr);
+    }
     entries_.clear();
   }
 
@@ -166,7 +204,7 @@ class tape {
  private:
   // An entry that refers to nothing any more: its output died or backward freed it, and its inputs are released.
   static bool holds_nothing(const tape_entry<T>& e) {
-    return !e.out && !e.in[0] && !e.in[1] && !e.in[2] && !e.in[3];
+    return !e.out && !e.in[0] && !e.in[1] && !e.in[2] && !e.in[3] && !e.saved;
   }
   void pop_dead_entries() {
     while (!entries_.empty() && holds_nothing(entries_.back())) entries_.pop_back();
@@ -185,8 +223,10 @@ class tape {
         continue;
       }
       variable_node<T>* inputs[4] = {e.in[0], e.in[1], e.in[2], e.in[3]};
+      saved_state<T>* saved = std::exchange(e.saved, nullptr);
       e.in[0] = e.in[1] = e.in[2] = e.in[3] = nullptr;
       for (auto* n : inputs) release(n);
+      delete saved;
     }
     pop_dead_entries();
   }

@@ -86,13 +86,18 @@ class basic_variable {
   int dim() const { return shape().rank(); }
   index_t numel() const { return shape().numel(); }
   // The value's memory: host memory on the CPU policy, device memory on a GPU policy (KILN_DYNAMIC_POLICY).
-  T* data() const { return checked()->value; }
+  // data(), value() and grad() point into storage this handle keeps alive, so they are refused on a temporary, whose
+  // storage would be gone by the next statement (model(x).value()): name the result first, or take a copy with
+  // tensor() or item().
+  T* data() const& { return checked()->value; }
+  T* data() const&& = delete;
   // The value as a writable view (shared: writing through it changes this variable, like tensor.data in PyTorch).
   // On a GPU policy the view is of device memory: pass it to the policy's kernels, or read it with tensor().
-  tensor_view<T> value() const { return {checked()->value, checked()->shape}; }
+  tensor_view<T> value() const& { return {checked()->value, checked()->shape}; }
+  tensor_view<T> value() const&& = delete;
   // A copy of the value in host memory.
   Tensor<T> tensor() const {
-    if constexpr (dynamic_policy::host_accessible) return Tensor<T>(tensor_view<const T>(value()));
+    if constexpr (dynamic_policy::host_accessible) return Tensor<T>(tensor_view<const T>(checked()->value, node_->shape));
     Tensor<T> copy(checked()->shape);
     detail::copy_values_to_host(static_cast<const T*>(node_->value), copy.data(), copy.numel());
     return copy;
@@ -106,7 +111,8 @@ class basic_variable {
   // The gradient that backward() left here. Leaves (parameters, inputs created with requires_grad) keep and
   // accumulate theirs; values computed by ops free theirs once it has been propagated, as in PyTorch.
   bool has_grad() const { return checked()->grad != nullptr; }
-  tensor_view<T> grad() const {
+  tensor_view<T> grad() const&& = delete;
+  tensor_view<T> grad() const& {
     if (!checked()->grad)
       fail("Variable::grad: no gradient is stored for this value of shape ", shape(),
            node_->requires_grad ? " (call backward() first; only leaves keep theirs)" : " (it does not require grad)");

@@ -1,25 +1,28 @@
-// Element-wise arithmetic on Variables: add, sub and mul (same shape, or a 1-D operand broadcast over the rows, as a
-// bias or a per-feature scale), multiplication by a scalar, negation, and the operators +, -, * that spell them.
+// Element-wise arithmetic on Variables: add, sub and mul with broadcasting, multiplication by a scalar, negation, and
+// the operators +, -, * that spell them. Two shapes have a fast path of their own, the same shape and a 1-D operand
+// broadcast over the rows (a bias, a per-feature scale); every other pair of shapes goes to the general broadcasting
+// op of broadcast.hpp.
 #pragma once
 
 #include <type_traits>
 
+#include "kiln/dynamic/functional/broadcast.hpp"
 #include "kiln/dynamic/functional/common.hpp"
 
 namespace kiln::nn {
 
 namespace detail {
 
-// How the right operand of add/sub lines up with the left: the same shape, or one row repeated over every row.
-enum class broadcast_kind : int { same = 0, rows = 1 };
+// How the right operand of add/sub/mul lines up with the left: the same shape, one row repeated over every row, or
+// any other broadcast (the general path).
+enum class broadcast_kind : int { same = 0, rows = 1, general = 2 };
 
 template <class T>
-broadcast_kind check_broadcast(const variable_node<T>* a, const variable_node<T>* b, const char* op) {
+broadcast_kind check_broadcast(const variable_node<T>* a, const variable_node<T>* b) {
   if (a->shape == b->shape) return broadcast_kind::same;
   const kiln::shape& s = a->shape;
   if (b->shape.rank() == 1 && s.rank() >= 1 && s[s.rank() - 1] == b->shape[0]) return broadcast_kind::rows;
-  fail(op, ": expected operands of the same shape, or a right operand of shape [", s.rank() ? s[s.rank() - 1] : 0,
-       "] to apply to every row, found ", a->shape, " and ", b->shape);
+  return broadcast_kind::general;
 }
 
 // dx (+)= sign * dy, for a same-shape operand.
@@ -69,7 +72,9 @@ basic_variable<T> add_sub(const basic_variable<T>& a, const basic_variable<T>& b
   using P = dynamic_policy;
   auto* an = node_of(a, op);
   auto* bn = node_of(b, op);
-  broadcast_kind kind = check_broadcast(an, bn, op);
+  broadcast_kind kind = check_broadcast(an, bn);
+  if (kind == broadcast_kind::general)
+    return binary(subtract ? kernels::binary_op::sub : kernels::binary_op::add, a, b, op);
   index_t n = an->shape.numel();
   bool record = should_record<T>({an, bn});
   auto y = make_output<T>(an->shape, record);
@@ -125,7 +130,8 @@ template <class T>
 basic_variable<T> mul_op(const basic_variable<T>& a, const basic_variable<T>& b) {
   auto* an = node_of(a, "mul");
   auto* bn = node_of(b, "mul");
-  broadcast_kind kind = check_broadcast(an, bn, "mul");
+  broadcast_kind kind = check_broadcast(an, bn);
+  if (kind == broadcast_kind::general) return binary(kernels::binary_op::mul, a, b, "mul");
   index_t n = an->shape.numel();
   bool record = should_record<T>({an, bn});
   auto y = make_output<T>(an->shape, record);
@@ -141,18 +147,28 @@ void scale_backward(const tape_entry<T>& e) {
 
 }  // namespace detail
 
-// a + b: the same shape, or b of shape [features] added to every row of a (a bias). Either operand may be the 1-D one.
+// a + b, broadcast.
 template <class T>
 basic_variable<T> add(const basic_variable<T>& a, const basic_variable<T>& b) {
   if (a.defined() && b.defined() && a.dim() == 1 && b.dim() > 1) return detail::add_sub(b, a, false, "add");
   return detail::add_sub(a, b, false, "add");
 }
-// a - b: the same shape, or b of shape [features] subtracted from every row of a.
+// x + s for a scalar s.
+template <class T>
+basic_variable<T> add(const basic_variable<T>& x, std::type_identity_t<T> s) {
+  return detail::binary(kernels::binary_op::add, x, detail::scalar_constant<T>(s), "add");
+}
+// a - b, broadcast.
 template <class T>
 basic_variable<T> sub(const basic_variable<T>& a, const basic_variable<T>& b) {
   return detail::add_sub(a, b, true, "sub");
 }
-// a * b element by element: the same shape, or a 1-D operand of shape [features] multiplying every row of the other.
+// x - s for a scalar s.
+template <class T>
+basic_variable<T> sub(const basic_variable<T>& x, std::type_identity_t<T> s) {
+  return detail::binary(kernels::binary_op::sub, x, detail::scalar_constant<T>(s), "sub");
+}
+// a * b element by element, broadcast.
 template <class T>
 basic_variable<T> mul(const basic_variable<T>& a, const basic_variable<T>& b) {
   if (a.defined() && b.defined() && a.dim() == 1 && b.dim() > 1) return detail::mul_op(b, a);
@@ -197,6 +213,22 @@ basic_variable<T> operator*(std::type_identity_t<T> s, const basic_variable<T>& 
 template <class T>
 basic_variable<T> operator-(const basic_variable<T>& x) {
   return neg(x);
+}
+template <class T>
+basic_variable<T> operator+(const basic_variable<T>& x, std::type_identity_t<T> s) {
+  return add(x, s);
+}
+template <class T>
+basic_variable<T> operator+(std::type_identity_t<T> s, const basic_variable<T>& x) {
+  return add(x, s);
+}
+template <class T>
+basic_variable<T> operator-(const basic_variable<T>& x, std::type_identity_t<T> s) {
+  return sub(x, s);
+}
+template <class T>
+basic_variable<T> operator-(std::type_identity_t<T> s, const basic_variable<T>& x) {
+  return sub(detail::scalar_constant<T>(s), x);
 }
 
 }  // namespace kiln::nn

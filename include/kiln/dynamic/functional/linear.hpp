@@ -1,4 +1,4 @@
-// linear (PyTorch's F.linear) and 2-D matmul. linear calls the Dense layer's dense_forward / dense_backward, the very
+// linear (PyTorch's F.linear; matmul is in matmul.hpp). linear calls the Dense layer's dense_forward / dense_backward, the very
 // functions static mode's kiln::Dense calls, so both modes compute the same numbers.
 #pragma once
 
@@ -44,20 +44,6 @@ void linear_backward(const tape_entry<T>& e) {
   }
 }
 
-template <class T>
-void matmul_backward(const tape_entry<T>& e) {
-  using P = dynamic_policy;
-  variable_node<T>*a = e.in[0], *b = e.in[1];
-  index_t m = a->shape[0], k = a->shape[1], n = b->shape[1];
-  const T* dy = e.out->grad;
-  write_or_add<P>(grad_target_for(a), m * k, [&](T* dst) {  // dA = dY B^T
-    P::gemm(false, true, m, k, n, T(1), dy, n, b->value, n, T(0), dst, k);
-  });
-  write_or_add<P>(grad_target_for(b), k * n, [&](T* dst) {  // dB = A^T dY
-    P::gemm(true, false, k, n, m, T(1), a->value, k, dy, n, T(0), dst, n);
-  });
-}
-
 }  // namespace detail
 
 // y = x W^T + b over the last dimension of x: x is [*, in], weight [out, in], bias [out] (or an empty handle).
@@ -82,21 +68,6 @@ basic_variable<T> linear(const basic_variable<T>& x, const basic_variable<T>& we
   dense_forward<dynamic_policy>(xn->value, wn->value, bn ? bn->value : static_cast<const T*>(nullptr), y.data(), batch,
                                 in, out);
   if (record) detail::tape<T>::instance().record(&detail::linear_backward<T>, y.node(), xn, wn, bn);
-  return y;
-}
-
-// The product of two matrices: [m, k] x [k, n] -> [m, n].
-template <class T>
-basic_variable<T> matmul(const basic_variable<T>& a, const basic_variable<T>& b) {
-  auto* an = detail::node_of(a, "matmul");
-  auto* bn = detail::node_of(b, "matmul");
-  if (an->shape.rank() != 2 || bn->shape.rank() != 2 || an->shape[1] != bn->shape[0])
-    fail("matmul: expected [m, k] and [k, n] matrices, found ", an->shape, " and ", bn->shape);
-  index_t m = an->shape[0], k = an->shape[1], n = bn->shape[1];
-  bool record = detail::should_record<T>({an, bn});
-  auto y = detail::make_output<T>(kiln::shape{m, n}, record);
-  dynamic_policy::gemm(false, false, m, n, k, T(1), an->value, k, bn->value, n, T(0), y.data(), n);
-  if (record) detail::tape<T>::instance().record(&detail::matmul_backward<T>, y.node(), an, bn);
   return y;
 }
 
