@@ -23,6 +23,7 @@
 #include "kiln/layers/conv2d.hpp"
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/dropout.hpp"
+#include "kiln/layers/embedding.hpp"
 #include "kiln/layers/flatten.hpp"
 #include "kiln/layers/global_avg_pool2d.hpp"
 #include "kiln/layers/layernorm.hpp"

@@ -89,7 +89,6 @@
   X(kiln::nn::permute, T)                                        \
   X(kiln::nn::expand, T)                                         \
   X(kiln::nn::slice, T)                                          \
-  X(kiln::nn::cat, T)                                            \
   X(kiln::nn::relu, T)                                           \
   X(kiln::nn::leaky_relu, T)                                     \
   X(kiln::nn::gelu, T)                                           \

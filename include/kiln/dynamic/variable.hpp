@@ -97,7 +97,8 @@ class basic_variable {
   tensor_view<T> value() const&& = delete;
   // A copy of the value in host memory.
   Tensor<T> tensor() const {
-    if constexpr (dynamic_policy::host_accessible) return Tensor<T>(tensor_view<const T>(checked()->value, node_->shape));
+    if constexpr (dynamic_policy::host_accessible)
+      return Tensor<T>(tensor_view<const T>(checked()->value, node_->shape));
     Tensor<T> copy(checked()->shape);
     detail::copy_values_to_host(static_cast<const T*>(node_->value), copy.data(), copy.numel());
     return copy;

@@ -7,10 +7,28 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kiln/core/config.hpp"
+#include "kiln/kernels/float_math.hpp"
 
 namespace kiln::kernels {
+
+// e^x over the whole float range: on the host a float goes through the branch-free saturating_exp (float_math.hpp),
+// so loops of it vectorise, with the ends where it saturates put back: beyond -87.3 and 88.3, the exponential of
+// x -+ 64 ln 2 scaled by 2^-+64 (exact scaling, but for the rounding of a subnormal result), and inf above 88.72.
+// double and the CUDA device use the library's exp.
+template <class T>
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE T tensor_exp(T x) {
+#if !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) {
+    const float low = saturating_exp(x + 44.3614196f) * 0x1p-64f, high = saturating_exp(x - 44.3614196f) * 0x1p64f;
+    const float r = select_float(x < -87.3f, low, select_float(x > 88.3f, high, saturating_exp(x)));
+    return select_float(x > 88.7228394f, INFINITY, r);
+  }
+#endif
+  return std::exp(x);
+}
 
 // Element-wise unary ops. p and q are the op's parameters: the exponent of pow, the bounds of clamp.
 enum class unary_op : int {
@@ -20,7 +38,7 @@ enum class unary_op : int {
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE T unary_value(unary_op op, T x, T p, T q) {
   switch (op) {
-    case unary_op::exp: return std::exp(x);
+    case unary_op::exp: return tensor_exp(x);
     case unary_op::log: return std::log(x);
     case unary_op::log1p: return std::log1p(x);
     case unary_op::sqrt: return std::sqrt(x);
@@ -129,60 +147,102 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T sign_of(T v) {
   return v > T(0) ? T(1) : (v < T(0) ? T(-1) : T(0));
 }
 
+// The terms that the row reductions add up, as functors (no lambdas, for the CUDA device).
+template <class T>
+struct value_term {
+  KILN_HOST_DEVICE T operator()(T v) const { return v; }
+};
+template <class T>
+struct abs_term {
+  KILN_HOST_DEVICE T operator()(T v) const { return std::abs(v); }
+};
+template <class T>
+struct square_term {
+  KILN_HOST_DEVICE T operator()(T v) const { return v * v; }
+};
+template <class T>
+struct deviation_square_term {
+  T mean;
+  KILN_HOST_DEVICE T operator()(T v) const { return (v - mean) * (v - mean); }
+};
+template <class T>
+struct shifted_exp_term {
+  T shift;
+  KILN_HOST_DEVICE T operator()(T v) const { return tensor_exp(v - shift); }
+};
+template <class T>
+struct abs_pow_term {
+  T p;
+  KILN_HOST_DEVICE T operator()(T v) const { return std::pow(std::abs(v), p); }
+};
+
+// The number of partial sums a row reduction keeps: element i goes to lane i % 16 (in order), and the lanes are then
+// added pairwise. The order depends on n alone, so the result does too, and the lanes make the loop vectorise.
+inline constexpr int reduction_lanes = 16;
+
+template <class T, class Term>
+KILN_HOST_DEVICE T lane_sum(const T* x, index_t n, Term term) {
+  T lane[reduction_lanes] = {};
+  index_t i = 0;
+  for (; i + reduction_lanes <= n; i += reduction_lanes)
+    for (int k = 0; k < reduction_lanes; ++k) lane[k] += term(x[i + k]);
+  for (int k = 0; i + k < n; ++k) lane[k] += term(x[i + k]);
+  for (int width = reduction_lanes / 2; width > 0; width /= 2)
+    for (int k = 0; k < width; ++k) lane[k] += lane[k + width];
+  return lane[0];
+}
+
+// The largest (or smallest) of n > 0 elements of term(x), NaN if any is NaN, in lanes as lane_sum.
+template <class T, class Term>
+KILN_HOST_DEVICE T lane_extreme(const T* x, index_t n, bool largest, Term term) {
+  T lane[reduction_lanes];
+  bool nan = false;
+  const T first = term(x[0]);
+  for (int k = 0; k < reduction_lanes; ++k) lane[k] = first;
+  index_t i = 0;
+  for (; i + reduction_lanes <= n; i += reduction_lanes)
+    for (int k = 0; k < reduction_lanes; ++k) {
+      const T v = term(x[i + k]);
+      nan = nan || v != v;
+      lane[k] = (largest ? v > lane[k] : v < lane[k]) ? v : lane[k];
+    }
+  for (int k = 0; i + k < n; ++k) {
+    const T v = term(x[i + k]);
+    nan = nan || v != v;
+    lane[k] = (largest ? v > lane[k] : v < lane[k]) ? v : lane[k];
+  }
+  if (nan) return T(NAN);
+  T best = lane[0];
+  for (int k = 1; k < reduction_lanes; ++k) best = (largest ? lane[k] > best : lane[k] < best) ? lane[k] : best;
+  return best;
+}
+
 template <class T>
 KILN_HOST_DEVICE T reduce_row_value(row_reduction op, const T* x, index_t n, T p, T correction) {
   const T inf = T(INFINITY);
   switch (op) {
-    case row_reduction::sum:
-    case row_reduction::mean: {
-      T s = 0;
-      for (index_t i = 0; i < n; ++i) s += x[i];
-      return op == row_reduction::sum ? s : s / static_cast<T>(n);
-    }
-    case row_reduction::amax:
-    case row_reduction::amin: {
-      T best = x[0];
-      for (index_t i = 1; i < n && best == best; ++i) {
-        const T v = x[i];
-        if (v != v || (op == row_reduction::amax ? v > best : v < best)) best = v;
-      }
-      return best;
-    }
+    case row_reduction::sum: return lane_sum(x, n, value_term<T>{});
+    case row_reduction::mean: return lane_sum(x, n, value_term<T>{}) / static_cast<T>(n);
+    case row_reduction::amax: return lane_extreme(x, n, true, value_term<T>{});
+    case row_reduction::amin: return lane_extreme(x, n, false, value_term<T>{});
     case row_reduction::var: {
-      T s = 0;
-      for (index_t i = 0; i < n; ++i) s += x[i];
-      const T m = s / static_cast<T>(n);
-      T ss = 0;
-      for (index_t i = 0; i < n; ++i) ss += (x[i] - m) * (x[i] - m);
+      const T m = lane_sum(x, n, value_term<T>{}) / static_cast<T>(n);
+      const T ss = lane_sum(x, n, deviation_square_term<T>{m});
       const T divisor = static_cast<T>(n) - correction;  // as PyTorch: below 0 counts as 0, giving inf or NaN
       return ss / (divisor > T(0) ? divisor : T(0));
     }
     case row_reduction::logsumexp: {
-      T m = -inf;
-      for (index_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
       if (n == 0) return -inf;
-      if (std::isinf(m)) return m;  // all -inf (or some +inf): the sum's log is m itself
-      T s = 0;
-      for (index_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
-      return m + std::log(s);
+      const T m = lane_extreme(x, n, true, value_term<T>{});
+      if (std::isinf(m) || m != m) return m;  // all -inf, some +inf, or a NaN: the result is m itself
+      return m + std::log(lane_sum(x, n, shifted_exp_term<T>{m}));
     }
     case row_reduction::norm: {
-      if (std::isinf(p)) {
-        T best = 0;
-        for (index_t i = 0; i < n; ++i) best = std::abs(x[i]) > best ? std::abs(x[i]) : best;
-        return best;
-      }
-      T s = 0;
-      if (p == T(1)) {
-        for (index_t i = 0; i < n; ++i) s += std::abs(x[i]);
-        return s;
-      }
-      if (p == T(2)) {
-        for (index_t i = 0; i < n; ++i) s += x[i] * x[i];
-        return std::sqrt(s);
-      }
-      for (index_t i = 0; i < n; ++i) s += std::pow(std::abs(x[i]), p);
-      return std::pow(s, T(1) / p);
+      if (n == 0) return T(0);
+      if (std::isinf(p)) return lane_extreme(x, n, true, abs_term<T>{});
+      if (p == T(1)) return lane_sum(x, n, abs_term<T>{});
+      if (p == T(2)) return std::sqrt(lane_sum(x, n, square_term<T>{}));
+      return std::pow(lane_sum(x, n, abs_pow_term<T>{p}), T(1) / p);
     }
   }
   return T(0);
@@ -213,7 +273,7 @@ KILN_HOST_DEVICE void reduce_row_gradient(row_reduction op, const T* x, T y, T g
       return;
     }
     case row_reduction::logsumexp:
-      for (index_t i = 0; i < n; ++i) dx[i] = g * std::exp(x[i] - y);
+      for (index_t i = 0; i < n; ++i) dx[i] = g * tensor_exp(x[i] - y);
       return;
     case row_reduction::norm: {
       if (std::isinf(p)) {  // the gradient of amax(|x|), shared between the ties

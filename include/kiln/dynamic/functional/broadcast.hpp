@@ -204,7 +204,8 @@ basic_variable<T> where(const basic_variable<T>& mask, const basic_variable<T>& 
 }
 // x with value wherever mask (broadcast to x's shape) is non-zero (Tensor.masked_fill).
 template <class T>
-basic_variable<T> masked_fill(const basic_variable<T>& x, const basic_variable<T>& mask, std::type_identity_t<T> value) {
+basic_variable<T> masked_fill(const basic_variable<T>& x, const basic_variable<T>& mask,
+                              std::type_identity_t<T> value) {
   return detail::binary(kernels::binary_op::fill_where, x, mask, "masked_fill", value);
 }
 

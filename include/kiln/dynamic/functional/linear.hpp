@@ -1,5 +1,5 @@
-// linear (PyTorch's F.linear; matmul is in matmul.hpp). linear calls the Dense layer's dense_forward / dense_backward, the very
-// functions static mode's kiln::Dense calls, so both modes compute the same numbers.
+// linear, PyTorch's F.linear (matmul is in matmul.hpp). It calls the Dense layer's dense_forward / dense_backward,
+// the very functions static mode's kiln::Dense calls, so both modes compute the same numbers.
 #pragma once
 
 #include "kiln/dynamic/functional/common.hpp"

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -168,7 +169,8 @@ basic_variable<T> baddbmm(const basic_variable<T>& input, const basic_variable<T
                           std::type_identity_t<T> alpha = 1) {
   basic_variable<T> product = bmm(batch1, batch2);
   if (alpha != T(1)) product = mul(product, alpha);
-  const kiln::shape out = detail::broadcast_shapes(detail::node_of(input, "baddbmm")->shape, product.shape(), "baddbmm");
+  const kiln::shape out =
+      detail::broadcast_shapes(detail::node_of(input, "baddbmm")->shape, product.shape(), "baddbmm");
   if (!(out == product.shape()))
     fail("baddbmm: input of shape ", input.shape(), " does not broadcast to the product's shape ", product.shape());
   if (beta == T(0)) return product;
@@ -183,7 +185,8 @@ inline std::string einsum_term(std::string_view term, int rank, int which, std::
   for (std::size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')))
-      fail("einsum: unexpected character '", c, "' in \"", equation, "\" (subscripts are letters; '...' is not supported)");
+      fail("einsum: unexpected character '", c, "' in \"", equation,
+           "\" (subscripts are letters; '...' is not supported)");
     if (s.find(c) != i)
       fail("einsum: subscript '", c, "' repeats in operand ", which, " of \"", equation,
            "\" (diagonals are not supported)");
@@ -290,6 +293,11 @@ basic_variable<T> einsum(std::string_view equation, const std::vector<basic_vari
   auto bm = reshape(detail::einsum_permute(b, tb, batch + contracted + right), kiln::shape{nb, nk, nr});
   auto product = reshape(detail::matmul_batched(am, bm, "einsum"), result_shape);
   return detail::einsum_permute(product, batch + left + right, out);
+}
+
+template <class T>
+basic_variable<T> einsum(std::string_view equation, std::initializer_list<basic_variable<T>> operands) {
+  return einsum(equation, std::vector<basic_variable<T>>(operands));
 }
 
 }  // namespace kiln::nn

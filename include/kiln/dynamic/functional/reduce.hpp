@@ -2,9 +2,11 @@
 // and over any set of dimensions, with keepdim, as PyTorch's: sum, mean, amax, amin, var and std (with a correction),
 // logsumexp, norm, and argmax/argmin (indices, without gradient).
 //
-// A reduction over dimensions moves them last when they are not (a strided copy), then reduces each row of the
-// reduced elements with the row kernels of kernels/tensor_math.hpp; its backward computes each row's gradient the same
-// way and moves it back.
+// A reduction over the last dimensions reduces each row of the reduced elements with the row kernels of
+// kernels/tensor_math.hpp; sum, mean, amax and amin over a block of dimensions with kept ones after it (dimension 0 of
+// a matrix) reduce in place with reduce_middle; the others first move the reduced dimensions last (a strided copy).
+// The backward of sum and mean repeats the gradient (a broadcasting copy); the others compute each row's gradient in
+// the moved layout and move it back.
 //   auto m = kiln::nn::mean(x, {1, 2}, true);   // [N, C, H, W] -> [N, 1, 1, W]
 #pragma once
 
@@ -69,6 +71,9 @@ struct reduction_plan {
   int order[kiln::shape::max_rank] = {};  // moved's dimensions as dimensions of x
   bool needs_move = false;  // some reduced dimension comes before a kept one
   index_t rows = 1, cols = 1;
+  // The reduced dimensions are one block with kept ones after it: x is [outer, cols, inner] (reduce_middle's layout).
+  bool middle = false;
+  index_t outer = 1, inner = 1;
 };
 
 inline reduction_plan plan_reduction(const kiln::shape& x, const dims& d, bool keepdim, const char* op) {
@@ -92,7 +97,22 @@ inline reduction_plan plan_reduction(const kiln::shape& x, const dims& d, bool k
     else p.rows *= x[k];
     if (!reduced || keepdim) p.out.push_back(reduced ? 1 : x[k]);
   }
+  if (p.mask != 0) {
+    int first = 0, last = x.rank() - 1;
+    while (!(p.mask & (1u << first))) ++first;
+    while (!(p.mask & (1u << last))) --last;
+    const unsigned block = ((1u << (last + 1)) - 1) & ~((1u << first) - 1);
+    p.middle = p.needs_move && block == p.mask;
+    for (int k = 0; k < first; ++k) p.outer *= x[k];
+    for (int k = last + 1; k < x.rank(); ++k) p.inner *= x[k];
+  }
   return p;
+}
+
+// Whether reduce_middle computes this reduction (over a middle block of dimensions) without moving them last.
+inline bool reduces_in_middle(kernels::row_reduction op, const reduction_plan& p) {
+  return p.middle && (op == kernels::row_reduction::sum || op == kernels::row_reduction::mean ||
+                      op == kernels::row_reduction::amax || op == kernels::row_reduction::amin);
 }
 
 // A walk that copies x (dst, operand 0) into the moved order, or (dst = x's layout) moves it back.
@@ -135,10 +155,26 @@ void reduce_dims_backward(const tape_entry<T>& e) {
       if ((e.aux >> 8) & (1 << k)) list[n++] = k;
     p = plan_reduction(x->shape, dims(std::span<const int>(list, static_cast<std::size_t>(n))), true, "backward");
   }
-  std::optional<scratch_buffer<T>> moved;
-  const bool reads_input = op != kernels::row_reduction::sum && op != kernels::row_reduction::mean;
-  const T* xm = reads_input ? moved_input(x, p, moved) : x->value;
   const index_t n = x->shape.numel();
+  if (op == kernels::row_reduction::sum || op == kernels::row_reduction::mean) {
+    // dx = dy (divided by the count, for mean) repeated along the reduced dimensions: a broadcasting copy.
+    const T* dy = e.out->grad;
+    std::optional<scratch_buffer<T>> scaled;
+    if (op == kernels::row_reduction::mean) {
+      scaled.emplace(p.rows);
+      P::scale(dy, T(1) / static_cast<T>(p.cols), scaled->data(), p.rows);
+      dy = scaled->data();
+    }
+    kernels::strided_walk<2> w;
+    w.rank = x->shape.rank();
+    for (int k = 0; k < w.rank; ++k) w.extent[k] = x->shape[k];
+    kernels::contiguous_strides(x->shape, w.stride[0]);
+    kernels::broadcast_strides(p.kept, x->shape, w.stride[1]);
+    P::copy_strided(dy, t.data, w.coalesce(), t.accumulate);
+    return;
+  }
+  std::optional<scratch_buffer<T>> moved;
+  const T* xm = moved_input(x, p, moved);
   auto rows_backward = [&](T* dst) {
     P::reduce_rows_backward(op, xm, static_cast<const T*>(e.out->value), static_cast<const T*>(e.out->grad), dst,
                             p.rows, p.cols, e.scalar, e.scalar);
@@ -162,8 +198,12 @@ basic_variable<T> reduce_dims(const basic_variable<T>& x, const dims& d, bool ke
     fail(name, ": cannot reduce over an empty dimension of shape ", xn->shape, " (the result has no value)");
   const bool record = should_record<T>({xn});
   auto y = make_output<T>(p.out, record);
-  std::optional<scratch_buffer<T>> moved;
-  dynamic_policy::reduce_rows(op, moved_input(xn, p, moved), y.data(), p.rows, p.cols, parameter, parameter);
+  if (reduces_in_middle(op, p)) {
+    dynamic_policy::reduce_middle(op, static_cast<const T*>(xn->value), y.data(), p.outer, p.cols, p.inner);
+  } else {
+    std::optional<scratch_buffer<T>> moved;
+    dynamic_policy::reduce_rows(op, moved_input(xn, p, moved), y.data(), p.rows, p.cols, parameter, parameter);
+  }
   if (record)
     tape<T>::instance().record(&reduce_dims_backward<T>, y.node(), xn, nullptr, nullptr, parameter,
                                static_cast<int>(op) | static_cast<int>(p.mask << 8));

@@ -7,6 +7,7 @@
 //   auto parts = kiln::nn::chunk(qkv, 3, -1);
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -285,7 +286,8 @@ basic_variable<T> permute(const basic_variable<T>& x, const dims& order) {
     w.stride[1][k] = in_strides[perm[k]];
   }
   dynamic_policy::copy_strided(static_cast<const T*>(xn->value), y.data(), w.coalesce(), false);
-  if (record) detail::tape<T>::instance().record(&detail::permute_backward<T>, y.node(), xn, nullptr, nullptr, T(0), code);
+  if (record)
+    detail::tape<T>::instance().record(&detail::permute_backward<T>, y.node(), xn, nullptr, nullptr, T(0), code);
   return y;
 }
 // x with dimensions d0 and d1 swapped, as torch.transpose.
@@ -419,6 +421,10 @@ basic_variable<T> cat(const std::vector<basic_variable<T>>& tensors, int dim = 0
   }
   return y;
 }
+template <class T>
+basic_variable<T> cat(std::initializer_list<basic_variable<T>> tensors, int dim = 0) {
+  return cat(std::vector<basic_variable<T>>(tensors), dim);
+}
 // The tensors (all of one shape) joined along a new dimension dim, as torch.stack.
 template <class T>
 basic_variable<T> stack(const std::vector<basic_variable<T>>& tensors, int dim = 0) {
@@ -433,6 +439,10 @@ basic_variable<T> stack(const std::vector<basic_variable<T>>& tensors, int dim =
     parts.push_back(unsqueeze(tensors[i], dim));
   }
   return cat(parts, dim);
+}
+template <class T>
+basic_variable<T> stack(std::initializer_list<basic_variable<T>> tensors, int dim = 0) {
+  return stack(std::vector<basic_variable<T>>(tensors), dim);
 }
 // Consecutive pieces of split_size elements along dim (the last may be smaller), as torch.split.
 template <class T>

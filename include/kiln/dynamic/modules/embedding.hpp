@@ -102,7 +102,9 @@ class basic_unflatten : public basic_module<T> {
     }
   }
   std::string name() const override { return "Unflatten"; }
-  std::string extra_repr() const override { return "dim=" + std::to_string(dim_) + ", unflattened_size=" + sizes_.str(); }
+  std::string extra_repr() const override {
+    return "dim=" + std::to_string(dim_) + ", unflattened_size=" + sizes_.str();
+  }
 
  private:
   int dim_;

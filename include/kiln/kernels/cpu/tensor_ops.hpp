@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "kiln/core/config.hpp"
+#include "kiln/core/error.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/strided.hpp"
 #include "kiln/kernels/tensor_math.hpp"
@@ -113,8 +114,20 @@ struct tensor_kernels {
 
   // dst[walk 0] = src[walk 1], or += with accumulate (serially: two positions of dst may be the same element, where
   // the walk broadcasts dst, and then their contributions add up).
+  // A transpose-like walk (one operand contiguous along the last dimension, the other along the one before) is copied
+  // in tiles of those two dimensions, so that both sides stay in cache.
   template <class T>
   KILN_KERNEL static void copy_strided(const T* src, T* dst, const strided_walk<2>& w, bool accumulate) {
+    if (w.rank >= 2) {
+      const int last = w.rank - 1, before = w.rank - 2;
+      const auto* s = w.stride;
+      const bool transposing = (s[0][last] == 1 && s[1][before] == 1 && s[1][last] != 1) ||
+                               (s[1][last] == 1 && s[0][before] == 1 && s[0][last] != 1);
+      if (transposing && w.extent[last] >= transpose_tile && w.extent[before] >= transpose_tile) {
+        copy_tiled(src, dst, w, accumulate);
+        return;
+      }
+    }
     for_each_run(w, [&](const index_t* at, index_t count, const index_t* step) {
       T* d = dst + at[0];
       const T* s = src + at[1];
@@ -126,6 +139,37 @@ struct tensor_kernels {
         for (index_t i = 0; i < count; ++i) d[i * step[0]] = s[i * step[1]];
       }
     });
+  }
+
+  // out[o, i] = the reduction over r of x[o, r, i], for x [outer, n, inner] and out [outer, inner]: sum, mean, amax
+  // and amin over dimensions that are neither first nor last (or first), without moving them last.
+  template <class T>
+  KILN_KERNEL static void reduce_middle(row_reduction op, const T* x, T* out, index_t outer, index_t n,
+                                        index_t inner) {
+    for (index_t o = 0; o < outer; ++o) {
+      T* dst = out + o * inner;
+      const T* block = x + o * n * inner;
+      if (n == 0) {
+        for (index_t i = 0; i < inner; ++i) dst[i] = op == row_reduction::mean ? T(NAN) : T(0);
+        continue;
+      }
+      for (index_t i = 0; i < inner; ++i) dst[i] = block[i];
+      for (index_t r = 1; r < n; ++r) {
+        const T* row = block + r * inner;
+        switch (op) {
+          case row_reduction::amax:
+            for (index_t i = 0; i < inner; ++i) dst[i] = (row[i] > dst[i] || row[i] != row[i]) ? row[i] : dst[i];
+            break;
+          case row_reduction::amin:
+            for (index_t i = 0; i < inner; ++i) dst[i] = (row[i] < dst[i] || row[i] != row[i]) ? row[i] : dst[i];
+            break;
+          default:
+            for (index_t i = 0; i < inner; ++i) dst[i] += row[i];
+        }
+      }
+      if (op == row_reduction::mean)
+        for (index_t i = 0; i < inner; ++i) dst[i] /= static_cast<T>(n);
+    }
   }
 
   // out[r] = the reduction of row r of x ([rows, cols], contiguous). p is norm's order; correction is var's (the
@@ -187,6 +231,27 @@ struct tensor_kernels {
       }
     });
   }
+  // Static mode's Embedding: out[j] = weight row ids[j] for `count` ids held as whole numbers in T; an id that is not
+  // a whole number in [0, num) is refused.
+  template <class T>
+  KILN_KERNEL static void embedding_lookup(const T* ids, const T* weight, T* out, index_t count, index_t num,
+                                           index_t dim) {
+    for (index_t j = 0; j < count; ++j) {
+      const index_t id = checked_id(ids[j], num);
+      for (index_t i = 0; i < dim; ++i) out[j * dim + i] = weight[id * dim + i];
+    }
+  }
+  // dweight = the sum, over j, of dy row j added into row ids[j] (overwritten, in the order of index_add).
+  template <class T>
+  KILN_KERNEL static void embedding_gradient(const T* ids, const T* dy, T* dweight, index_t count, index_t num,
+                                             index_t dim) {
+    for (index_t i = 0; i < num * dim; ++i) dweight[i] = T(0);
+    for (index_t j = 0; j < count; ++j) {
+      const index_t id = checked_id(ids[j], num);
+      for (index_t i = 0; i < dim; ++i) dweight[id * dim + i] += dy[j * dim + i];
+    }
+  }
+
   // dst[p with the coordinate along the dimension replaced by index[p]] += src[p]: a walk over the index's shape with
   // operands index (0, contiguous), dst (1, stride 0 along the dimension) and src (2).
   template <class T>
@@ -200,6 +265,46 @@ struct tensor_kernels {
     });
   }
 
+
+ private:
+  static constexpr index_t transpose_tile = 32;
+
+  template <class T>
+  static index_t checked_id(T value, index_t num) {
+    if (!(value >= T(0) && value < static_cast<T>(num) && value == static_cast<T>(static_cast<index_t>(value))))
+      fail("Embedding: expected ids that are whole numbers in [0, ", num, "), found ", value);
+    return static_cast<index_t>(value);
+  }
+
+  template <class T>
+  static void copy_tiled(const T* src, T* dst, const strided_walk<2>& w, bool accumulate) {
+    const int last = w.rank - 1, before = w.rank - 2;
+    // The dimensions before the two tiled ones, walked as runs of one element.
+    strided_walk<2> outer;
+    outer.rank = before + 1;
+    for (int d = 0; d < before; ++d) {
+      outer.extent[d] = w.extent[d];
+      for (int k = 0; k < 2; ++k) outer.stride[k][d] = w.stride[k][d];
+    }
+    outer.extent[before] = 1;
+    const index_t rows = w.extent[before], cols = w.extent[last];
+    const index_t d_row = w.stride[0][before], d_col = w.stride[0][last];
+    const index_t s_row = w.stride[1][before], s_col = w.stride[1][last];
+    for_each_run(outer, [&](const index_t* at, index_t, const index_t*) {
+      T* d = dst + at[0];
+      const T* s = src + at[1];
+      for (index_t r0 = 0; r0 < rows; r0 += transpose_tile)
+        for (index_t c0 = 0; c0 < cols; c0 += transpose_tile) {
+          const index_t r1 = r0 + transpose_tile < rows ? r0 + transpose_tile : rows;
+          const index_t c1 = c0 + transpose_tile < cols ? c0 + transpose_tile : cols;
+          for (index_t r = r0; r < r1; ++r)
+            for (index_t c = c0; c < c1; ++c) {
+              if (accumulate) d[r * d_row + c * d_col] += s[r * s_row + c * s_col];
+              else d[r * d_row + c * d_col] = s[r * s_row + c * s_col];
+            }
+        }
+    });
+  }
 };
 
 }  // namespace kiln::kernels::cpu

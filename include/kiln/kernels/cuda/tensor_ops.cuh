@@ -42,15 +42,16 @@ __global__ void unary_kernel(::kiln::kernels::unary_op op, const T* x, T* y, ind
   for (index_t i = global_thread(); i < n; i += global_threads()) y[i] = unary_value(op, x[i], p, q);
 }
 template <class T>
-__global__ void unary_backward_kernel(::kiln::kernels::unary_op op, const T* x, const T* y, const T* dy, T* dx, index_t n, T p,
-                                      bool accumulate) {
+__global__ void unary_backward_kernel(::kiln::kernels::unary_op op, const T* x, const T* y, const T* dy, T* dx,
+                                      index_t n, T p, bool accumulate) {
   for (index_t i = global_thread(); i < n; i += global_threads()) {
     const T g = unary_gradient(op, x[i], y[i], dy[i], p);
     dx[i] = accumulate ? dx[i] + g : g;
   }
 }
 template <class T>
-__global__ void binary_kernel(::kiln::kernels::binary_op op, const T* a, const T* b, T* out, strided_walk<3> w, index_t n, T s) {
+__global__ void binary_kernel(::kiln::kernels::binary_op op, const T* a, const T* b, T* out, strided_walk<3> w,
+                              index_t n, T s) {
   for (index_t i = global_thread(); i < n; i += global_threads()) {
     index_t at[3];
     walk_offsets(w, i, at);
@@ -58,8 +59,8 @@ __global__ void binary_kernel(::kiln::kernels::binary_op op, const T* a, const T
   }
 }
 template <class T>
-__global__ void binary_backward_kernel(::kiln::kernels::binary_op op, int side, const T* a, const T* b, const T* dy, T* g,
-                                       strided_walk<3> w, index_t n) {
+__global__ void binary_backward_kernel(::kiln::kernels::binary_op op, int side, const T* a, const T* b, const T* dy,
+                                       T* g, strided_walk<3> w, index_t n) {
   for (index_t i = global_thread(); i < n; i += global_threads()) {
     index_t at[3];
     walk_offsets(w, i, at);
@@ -79,23 +80,51 @@ __global__ void copy_strided_kernel(const T* src, T* dst, strided_walk<2> w, ind
   for (index_t i = global_thread(); i < n; i += global_threads()) {
     index_t at[2];
     walk_offsets(w, i, at);
-    if (accumulate) atomicAdd(dst + at[0], src[at[1]]);
-    else dst[at[0]] = src[at[1]];
+    if (accumulate)
+      atomicAdd(dst + at[0], src[at[1]]);
+    else
+      dst[at[0]] = src[at[1]];
   }
 }
 template <class T>
-__global__ void reduce_rows_kernel(::kiln::kernels::row_reduction op, const T* x, T* out, index_t rows, index_t cols, T p, T c) {
-  for (index_t r = global_thread(); r < rows; r += global_threads()) out[r] = reduce_row_value(op, x + r * cols, cols, p, c);
+__global__ void reduce_rows_kernel(::kiln::kernels::row_reduction op, const T* x, T* out, index_t rows, index_t cols,
+                                   T p, T c) {
+  for (index_t r = global_thread(); r < rows; r += global_threads())
+    out[r] = reduce_row_value(op, x + r * cols, cols, p, c);
 }
 template <class T>
-__global__ void reduce_rows_backward_kernel(::kiln::kernels::row_reduction op, const T* x, const T* out, const T* dy, T* dx,
-                                            index_t rows, index_t cols, T p, T c) {
+__global__ void reduce_middle_kernel(::kiln::kernels::row_reduction op, const T* x, T* out, index_t outer, index_t n,
+                                     index_t inner) {
+  for (index_t t = global_thread(); t < outer * inner; t += global_threads()) {
+    const index_t o = t / inner, i = t % inner;
+    const T* column = x + o * n * inner + i;
+    if (n == 0) {
+      out[t] = op == ::kiln::kernels::row_reduction::mean ? T(NAN) : T(0);
+      continue;
+    }
+    T acc = column[0];
+    for (index_t r = 1; r < n; ++r) {
+      const T v = column[r * inner];
+      if (op == ::kiln::kernels::row_reduction::amax)
+        acc = (v > acc || v != v) ? v : acc;
+      else if (op == ::kiln::kernels::row_reduction::amin)
+        acc = (v < acc || v != v) ? v : acc;
+      else
+        acc += v;
+    }
+    out[t] = op == ::kiln::kernels::row_reduction::mean ? acc / static_cast<T>(n) : acc;
+  }
+}
+template <class T>
+__global__ void reduce_rows_backward_kernel(::kiln::kernels::row_reduction op, const T* x, const T* out, const T* dy,
+                                            T* dx, index_t rows, index_t cols, T p, T c) {
   for (index_t r = global_thread(); r < rows; r += global_threads())
     reduce_row_gradient(op, x + r * cols, out[r], dy[r], dx + r * cols, cols, p, c);
 }
 template <class T>
 __global__ void arg_reduce_rows_kernel(const T* x, std::int64_t* out, index_t rows, index_t cols, bool largest) {
-  for (index_t r = global_thread(); r < rows; r += global_threads()) out[r] = arg_reduce_row(x + r * cols, cols, largest);
+  for (index_t r = global_thread(); r < rows; r += global_threads())
+    out[r] = arg_reduce_row(x + r * cols, cols, largest);
 }
 template <class T>
 __global__ void index_select_kernel(const T* x, const std::int64_t* index, T* out, index_t outer, index_t n,
@@ -134,6 +163,25 @@ __global__ void scatter_add_kernel(const T* src, const std::int64_t* index, T* d
   }
 }
 
+// An id outside [0, num) (it cannot be refused from the device) reads and adds nothing: its row is zero.
+template <class T>
+__global__ void embedding_lookup_kernel(const T* ids, const T* weight, T* out, index_t count, index_t num,
+                                        index_t dim) {
+  for (index_t t = global_thread(); t < count * dim; t += global_threads()) {
+    const T v = ids[t / dim];
+    const bool valid = v >= T(0) && v < T(num);
+    out[t] = valid ? weight[static_cast<index_t>(v) * dim + t % dim] : T(0);
+  }
+}
+template <class T>
+__global__ void embedding_gradient_kernel(const T* ids, const T* dy, T* dweight, index_t count, index_t num,
+                                          index_t dim) {
+  for (index_t t = global_thread(); t < count * dim; t += global_threads()) {
+    const T v = ids[t / dim];
+    if (v >= T(0) && v < T(num)) atomicAdd(dweight + static_cast<index_t>(v) * dim + t % dim, dy[t]);
+  }
+}
+
 }  // namespace detail
 
 // The tensor-op kernels of the CUDA policies.
@@ -142,11 +190,12 @@ struct tensor_kernels {
   static void unary(::kiln::kernels::unary_op op, const T* x, T* y, index_t n, T p, T q) {
     if (n <= 0) return;
     detail::unary_kernel<<<detail::grid_for(n), detail::block_threads, 0, kiln::cuda::current_stream()>>>(op, x, y, n,
-                                                                                                         p, q);
+                                                                                                          p, q);
     KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
-  static void unary_backward(::kiln::kernels::unary_op op, const T* x, const T* y, const T* dy, T* dx, index_t n, T p, bool accumulate) {
+  static void unary_backward(::kiln::kernels::unary_op op, const T* x, const T* y, const T* dy, T* dx, index_t n, T p,
+                             bool accumulate) {
     if (n <= 0) return;
     detail::unary_backward_kernel<<<detail::grid_for(n), detail::block_threads, 0, kiln::cuda::current_stream()>>>(
         op, x, y, dy, dx, n, p, accumulate);
@@ -156,8 +205,8 @@ struct tensor_kernels {
   static void binary(::kiln::kernels::binary_op op, const T* a, const T* b, T* out, const strided_walk<3>& w, T s) {
     const index_t n = w.numel();
     if (n <= 0) return;
-    detail::binary_kernel<<<detail::grid_for(n), detail::block_threads, 0, kiln::cuda::current_stream()>>>(op, a, b, out,
-                                                                                                          w, n, s);
+    detail::binary_kernel<<<detail::grid_for(n), detail::block_threads, 0, kiln::cuda::current_stream()>>>(
+        op, a, b, out, w, n, s);
     KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
@@ -174,7 +223,7 @@ struct tensor_kernels {
     const index_t n = w.numel();
     if (n <= 0) return;
     detail::where_kernel<<<detail::grid_for(n), detail::block_threads, 0, kiln::cuda::current_stream()>>>(mask, a, b,
-                                                                                                         out, w, n);
+                                                                                                          out, w, n);
     KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
@@ -186,18 +235,28 @@ struct tensor_kernels {
     KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
-  static void reduce_rows(::kiln::kernels::row_reduction op, const T* x, T* out, index_t rows, index_t cols, T p, T correction) {
+  static void reduce_rows(::kiln::kernels::row_reduction op, const T* x, T* out, index_t rows, index_t cols, T p,
+                          T correction) {
     if (rows <= 0) return;
     detail::reduce_rows_kernel<<<detail::grid_for(rows), detail::block_threads, 0, kiln::cuda::current_stream()>>>(
         op, x, out, rows, cols, p, correction);
     KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
-  static void reduce_rows_backward(::kiln::kernels::row_reduction op, const T* x, const T* out, const T* dy, T* dx, index_t rows,
-                                   index_t cols, T p, T correction) {
+  static void reduce_middle(::kiln::kernels::row_reduction op, const T* x, T* out, index_t outer, index_t n,
+                            index_t inner) {
+    if (outer * inner <= 0) return;
+    detail::reduce_middle_kernel<<<detail::grid_for(outer * inner), detail::block_threads, 0,
+                                   kiln::cuda::current_stream()>>>(op, x, out, outer, n, inner);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+  template <class T>
+  static void reduce_rows_backward(::kiln::kernels::row_reduction op, const T* x, const T* out, const T* dy, T* dx,
+                                   index_t rows, index_t cols, T p, T correction) {
     if (rows <= 0) return;
-    detail::reduce_rows_backward_kernel<<<detail::grid_for(rows), detail::block_threads, 0,
-                                          kiln::cuda::current_stream()>>>(op, x, out, dy, dx, rows, cols, p, correction);
+    detail::
+        reduce_rows_backward_kernel<<<detail::grid_for(rows), detail::block_threads, 0, kiln::cuda::current_stream()>>>(
+            op, x, out, dy, dx, rows, cols, p, correction);
     KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
@@ -223,6 +282,22 @@ struct tensor_kernels {
     if (total <= 0) return;
     detail::index_add_kernel<<<detail::grid_for(total), detail::block_threads, 0, kiln::cuda::current_stream()>>>(
         dy, index, dx, outer, n, inner, m, skip);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+  template <class T>
+  static void embedding_lookup(const T* ids, const T* weight, T* out, index_t count, index_t num, index_t dim) {
+    if (count * dim <= 0) return;
+    detail::embedding_lookup_kernel<<<detail::grid_for(count * dim), detail::block_threads, 0,
+                                      kiln::cuda::current_stream()>>>(ids, weight, out, count, num, dim);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+  template <class T>
+  static void embedding_gradient(const T* ids, const T* dy, T* dweight, index_t count, index_t num, index_t dim) {
+    KILN_CUDA_CHECK(
+        cudaMemsetAsync(dweight, 0, static_cast<std::size_t>(num * dim) * sizeof(T), kiln::cuda::current_stream()));
+    if (count * dim <= 0) return;
+    detail::embedding_gradient_kernel<<<detail::grid_for(count * dim), detail::block_threads, 0,
+                                        kiln::cuda::current_stream()>>>(ids, dy, dweight, count, num, dim);
     KILN_CUDA_CHECK_LAUNCH();
   }
   template <class T>
