@@ -38,6 +38,7 @@
 #include "kiln/optim/rmsprop.hpp"
 #include "kiln/optim/sgd.hpp"
 #include "kiln/policy.hpp"
+#include "kiln/static/blocks.hpp"
 #include "kiln/static/fused_mlp.hpp"
 #include "kiln/static/sequential.hpp"
 #include "kiln/layers/compiled_recurrent.hpp"

@@ -54,6 +54,16 @@ struct gru_model {
   using type = Sequential<P, Input<6, 5>, FinalState<GRU<8, 2, true>>, Dense<10>>;
 };
 
+// Graph blocks (static/blocks.hpp): a strided convolutional residual block with a shortcut, then a Concat and an Add.
+template <class P>
+struct blocks_model {
+  using block = Residual<Shortcut<Conv2D<4, 1, conv_options{.stride = 2}>, BatchNorm2d<>>,
+                         Conv2D<4, 3, conv_options{.stride = 2, .padding = 1}>, BatchNorm2d<>, ReLU,
+                         Conv2D<4, 3, conv_options{.padding = 1}>>;
+  using type = Sequential<P, Input<1, 12, 12>, block, ReLU, Flatten, Concat<1, Dense<8>, Chain<Dense<6, ReLU>>>,
+                          Add<Dense<10>, Chain<Dense<10, Tanh>>>>;
+};
+
 constexpr index_t batch = training_batch;
 
 template <class Net>
@@ -108,6 +118,11 @@ TEST_CASE("static MLP on policy::cuda trains as on the CPU") {
 TEST_CASE_TEMPLATE("static CNN (Conv2D, BatchNorm, MaxPool, Dropout, Dense) trains as on the CPU", GPU, policy::cuda,
                    policy::cudnn) {
   check_against_cpu<cnn_model, GPU>(shape{1, 12, 12}, 2e-3, "CNN");
+}
+
+TEST_CASE_TEMPLATE("static graph blocks (Residual with a Shortcut, Concat, Add) train as on the CPU", GPU,
+                   policy::cuda, policy::cudnn) {
+  check_against_cpu<blocks_model, GPU>(shape{1, 12, 12}, 2e-3, "blocks");
 }
 
 TEST_CASE_TEMPLATE("static LSTM trains as on the CPU", GPU, policy::cuda, policy::cudnn) {

@@ -28,6 +28,7 @@
 #include "kiln/dynamic/init.hpp"
 #include "kiln/dynamic/module.hpp"
 #include "kiln/dynamic/modules/activation.hpp"
+#include "kiln/dynamic/modules/blocks.hpp"
 #include "kiln/dynamic/modules/conv.hpp"
 #include "kiln/dynamic/modules/embedding.hpp"
 #include "kiln/dynamic/modules/flatten.hpp"

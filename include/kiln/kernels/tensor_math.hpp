@@ -10,21 +10,22 @@
 #include <type_traits>
 
 #include "kiln/core/config.hpp"
+#include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/float_math.hpp"
 
 namespace kiln::kernels {
 
 // e^x over the whole float range: on the host a float goes through the branch-free saturating_exp (float_math.hpp),
-// so loops of it vectorise, with the ends where it saturates put back: beyond -87.3 and 88.3, the exponential of
-// x -+ 64 ln 2 scaled by 2^-+64 (exact scaling, but for the rounding of a subnormal result), and inf above 88.72.
-// double and the CUDA device use the library's exp.
+// so loops of it vectorise, with the ends where it saturates put back: beyond +-87, the square of e^(x/2) (two
+// roundings, and a subnormal result where the true one is), and inf above 88.72. double and the CUDA device use the
+// library's exp.
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE T tensor_exp(T x) {
 #if !defined(__CUDA_ARCH__)
   if constexpr (std::is_same_v<T, float>) {
-    const float low = saturating_exp(x + 44.3614196f) * 0x1p-64f, high = saturating_exp(x - 44.3614196f) * 0x1p64f;
-    const float r = select_float(x < -87.3f, low, select_float(x > 88.3f, high, saturating_exp(x)));
-    return select_float(x > 88.7228394f, INFINITY, r);
+    const bool far = (x < -87.0f) | (x > 87.0f);  // no short circuit: a branch would stop the vectorisation
+    const float e = saturating_exp(select_float(far, 0.5f * x, x));
+    return select_float(x > 88.7228394f, INFINITY, select_float(far, e * e, e));
   }
 #endif
   return std::exp(x);
@@ -170,6 +171,12 @@ struct shifted_exp_term {
   T shift;
   KILN_HOST_DEVICE T operator()(T v) const { return tensor_exp(v - shift); }
 };
+// e^(v - shift) as the softmax kernels take it (exp_value: saturating below e^-87.3, as they always have).
+template <class T>
+struct exp_minus_term {
+  T shift;
+  KILN_HOST_DEVICE T operator()(T v) const { return exp_value(v - shift); }
+};
 template <class T>
 struct abs_pow_term {
   T p;
@@ -192,29 +199,33 @@ KILN_HOST_DEVICE T lane_sum(const T* x, index_t n, Term term) {
   return lane[0];
 }
 
-// The largest (or smallest) of n > 0 elements of term(x), NaN if any is NaN, in lanes as lane_sum.
-template <class T, class Term>
-KILN_HOST_DEVICE T lane_extreme(const T* x, index_t n, bool largest, Term term) {
+// The largest (or smallest) of n > 0 elements of term(x), NaN if any is NaN, in lanes as lane_sum (the result does
+// not depend on the order).
+template <bool Largest, class T, class Term>
+KILN_HOST_DEVICE T lane_extreme(const T* x, index_t n, Term term) {
   T lane[reduction_lanes];
-  bool nan = false;
+  bool nan[reduction_lanes] = {};
   const T first = term(x[0]);
   for (int k = 0; k < reduction_lanes; ++k) lane[k] = first;
   index_t i = 0;
   for (; i + reduction_lanes <= n; i += reduction_lanes)
     for (int k = 0; k < reduction_lanes; ++k) {
       const T v = term(x[i + k]);
-      nan = nan || v != v;
-      lane[k] = (largest ? v > lane[k] : v < lane[k]) ? v : lane[k];
+      nan[k] |= v != v;
+      lane[k] = (Largest ? v > lane[k] : v < lane[k]) ? v : lane[k];
     }
   for (int k = 0; i + k < n; ++k) {
     const T v = term(x[i + k]);
-    nan = nan || v != v;
-    lane[k] = (largest ? v > lane[k] : v < lane[k]) ? v : lane[k];
+    nan[k] |= v != v;
+    lane[k] = (Largest ? v > lane[k] : v < lane[k]) ? v : lane[k];
   }
-  if (nan) return T(NAN);
   T best = lane[0];
-  for (int k = 1; k < reduction_lanes; ++k) best = (largest ? lane[k] > best : lane[k] < best) ? lane[k] : best;
-  return best;
+  bool any_nan = nan[0];
+  for (int k = 1; k < reduction_lanes; ++k) {
+    best = (Largest ? lane[k] > best : lane[k] < best) ? lane[k] : best;
+    any_nan |= nan[k];
+  }
+  return any_nan ? T(NAN) : best;
 }
 
 template <class T>
@@ -223,8 +234,8 @@ KILN_HOST_DEVICE T reduce_row_value(row_reduction op, const T* x, index_t n, T p
   switch (op) {
     case row_reduction::sum: return lane_sum(x, n, value_term<T>{});
     case row_reduction::mean: return lane_sum(x, n, value_term<T>{}) / static_cast<T>(n);
-    case row_reduction::amax: return lane_extreme(x, n, true, value_term<T>{});
-    case row_reduction::amin: return lane_extreme(x, n, false, value_term<T>{});
+    case row_reduction::amax: return lane_extreme<true>(x, n, value_term<T>{});
+    case row_reduction::amin: return lane_extreme<false>(x, n, value_term<T>{});
     case row_reduction::var: {
       const T m = lane_sum(x, n, value_term<T>{}) / static_cast<T>(n);
       const T ss = lane_sum(x, n, deviation_square_term<T>{m});
@@ -233,13 +244,13 @@ KILN_HOST_DEVICE T reduce_row_value(row_reduction op, const T* x, index_t n, T p
     }
     case row_reduction::logsumexp: {
       if (n == 0) return -inf;
-      const T m = lane_extreme(x, n, true, value_term<T>{});
+      const T m = lane_extreme<true>(x, n, value_term<T>{});
       if (std::isinf(m) || m != m) return m;  // all -inf, some +inf, or a NaN: the result is m itself
       return m + std::log(lane_sum(x, n, shifted_exp_term<T>{m}));
     }
     case row_reduction::norm: {
       if (n == 0) return T(0);
-      if (std::isinf(p)) return lane_extreme(x, n, true, abs_term<T>{});
+      if (std::isinf(p)) return lane_extreme<true>(x, n, abs_term<T>{});
       if (p == T(1)) return lane_sum(x, n, abs_term<T>{});
       if (p == T(2)) return std::sqrt(lane_sum(x, n, square_term<T>{}));
       return std::pow(lane_sum(x, n, abs_pow_term<T>{p}), T(1) / p);

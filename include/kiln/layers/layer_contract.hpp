@@ -125,6 +125,13 @@ struct example_layer {
     //          per-tensor optimizer slots and tensor_ranges (gradient clipping by norm).
     static std::vector<static_parameter_info> parameter_tensors();
 
+    // ---- Several init streams (optional; a block of layers, static/blocks.hpp) -------------------------------------
+    // Detected by: requires { B::init_stream_count; }. Without it, a layer with parameters takes one stream.
+    // ensures: init draws from the streams k, k + 1, ..., k + init_stream_count - 1 of the seed, where rng (stream k)
+    //          says k, one for each parameterised layer inside, and the next layer's stream is k + init_stream_count:
+    //          dynamic mode's modules of the same nesting take one stream each, in the same order.
+    static constexpr std::uint64_t init_stream_count = 1;
+
     // ---- Buffers: state that is saved but not trained (optional) ----------------------------------------------------
     // Detected by: requires { B::buffer_count; B::buffer_tensors(); }. Both must be present, or neither counts (and
     //              the layer's buffers pointer then points at the next layer's buffers).

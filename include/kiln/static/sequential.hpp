@@ -58,6 +58,14 @@ struct list_to_tuple<type_list<B...>> {
 constexpr index_t align_up(index_t n, index_t to) { return (n + to - 1) / to * to; }
 // Parameter slices start on 64-byte boundaries so that every layer's weights are aligned for vector loads.
 inline constexpr index_t parameter_alignment = 16;
+// The streams of random_generator(seed) a layer's init draws from: one for a layer with parameters, or what a block
+// of several declares (B::init_stream_count: stream k + j for its j-th parameterised layer, as dynamic mode's modules
+// take one stream each).
+template <class B>
+constexpr std::uint64_t init_streams() {
+  if constexpr (requires { B::init_stream_count; }) return B::init_stream_count;
+  else return B::param_count > 0 ? 1 : 0;
+}
 template <class B>
 concept describes_parameters = requires { B::parameter_tensors(); };
 template <class B>
@@ -217,9 +225,10 @@ class Sequential {
     std::uint64_t stream = 0;
     for_each_layer([&]<std::size_t I>() {
       if constexpr (bound<I>::param_count > 0) {
-        random_generator rng = root.fork(stream++);
+        random_generator rng = root.fork(stream);
         bound<I>::init(params + param_offsets[I], rng);
       }
+      stream += detail::init_streams<bound<I>>();
       if constexpr (detail::has_buffers<bound<I>>) bound<I>::init_buffers(buffers + buffer_offsets[I]);
     });
     if constexpr (!host_accessible) {

@@ -40,8 +40,7 @@ class basic_sequential : public basic_module<T> {
              !(sizeof...(M) == 1 && (detail::sequential_itself<M, T> && ...)))
   explicit basic_sequential(M&&... modules) {
     (push_back(std::forward<M>(modules)), ...);
-    restore_init_order();
-    restore_runtime_order();
+    this->restore_construction_order();
   }
 
   basic_variable<T> forward(const basic_variable<T>& x) override {
@@ -88,62 +87,6 @@ class basic_sequential : public basic_module<T> {
   }
 
  private:
-  // C++ evaluates function arguments in an unspecified order (GCC: right to left), so in
-  // Sequential(Linear(...), ReLU(), Linear(...)) the Linears may draw their init streams last-first. Python evaluates
-  // left to right; to give the weights PyTorch (and a static Sequential with the same seed) would, the streams the
-  // children drew are handed out again in positional order, and any module whose stream changes is redrawn.
-  //
-  // PyTorch's nn.Sequential never changes the weights of the modules it is given, so the redraw is limited to
-  // children that can only be the arguments of this very call, fresh from their constructors: it happens only when
-  // (a) together the children drew exactly the most recent streams of the current seed, none skipped and none drawn
-  // since (anything made before them, or a module shared with another model, fails this), and (b) every child's
-  // parameters still hold exactly what its stream draws (holds_initial_values: weights loaded or assigned, or
-  // trained, fail this). Otherwise every child keeps its weights, whatever their order. Modules that draw at run
-  // time (dropout) follow the same rule with their runtime streams and untouched positions.
-  void restore_init_order() {
-    std::vector<typename basic_module<T>::init_origin> origins;
-    this->collect_init_origins(origins);
-    std::vector<std::uint64_t> streams;
-    for (const auto& o : origins) streams.push_back(o.stream);
-    std::sort(streams.begin(), streams.end());
-    bool in_order = true;
-    for (std::size_t i = 0; i < origins.size(); ++i) in_order = in_order && origins[i].stream == streams[i];
-    if (in_order) return;
-    const init_streams& drawn = global_init_streams();
-    for (const auto& o : origins)
-      if (o.seed != drawn.seed) return;
-    if (!drawn_last(streams, drawn.next_stream, 0)) return;
-    for (const auto& o : origins)
-      if (!o.module->holds_initial_values()) return;
-    for (std::size_t i = 0; i < origins.size(); ++i)
-      if (origins[i].stream != streams[i]) origins[i].module->reinitialize_from(origins[i].seed, streams[i]);
-  }
-  // The same for the streams of modules that draw at run time (each keeps its position, which must still be 0).
-  void restore_runtime_order() {
-    auto generators = this->runtime_generators();
-    const init_streams& drawn = global_init_streams();
-    std::vector<std::uint64_t> streams;
-    for (auto* g : generators) {
-      if (g->state().seed != drawn.seed || g->state().position != 0) return;
-      streams.push_back(g->state().stream);
-    }
-    std::sort(streams.begin(), streams.end());
-    if (!drawn_last(streams, drawn.next_runtime_stream, runtime_stream_base)) return;
-    for (std::size_t i = 0; i < generators.size(); ++i) {
-      auto state = generators[i]->state();
-      state.stream = streams[i];
-      generators[i]->set_state(state);
-    }
-  }
-  // Whether sorted streams are base + next - k, ..., base + next - 1: the last k of a seed's counter, no gaps.
-  static bool drawn_last(const std::vector<std::uint64_t>& sorted, std::uint64_t next, std::uint64_t base) {
-    if (sorted.size() > next) return false;
-    const std::uint64_t first = base + next - sorted.size();
-    for (std::size_t i = 0; i < sorted.size(); ++i)
-      if (sorted[i] != first + i) return false;
-    return true;
-  }
-
   template <class M>
   static module_ptr to_pointer(M&& module) {
     if constexpr (requires { module.get(); }) {

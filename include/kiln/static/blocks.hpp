@@ -1,0 +1,708 @@
+// Graph blocks of static mode, usable wherever a layer is (in a Sequential and in each other):
+//   kiln::Chain<Layers...>                      the layers one after another (a sub-chain: no policy, no input)
+//   kiln::Residual<Layers...>                   y = x + f(x), f the chain of Layers
+//   kiln::Residual<Shortcut<S...>, Layers...>   y = s(x) + f(x), s the chain of S (for a change of shape)
+//   kiln::Add<Branches...>                      y = the branches' outputs summed (each a layer or a Chain)
+//   kiln::Concat<Axis, Branches...>             y = the branches' outputs joined along Axis of the sample
+// Each is a layer of layers/layer_contract.hpp: its bind plans its sub-layers' parameters, buffers and activations
+// inside its own slices and scratch, runs them in order forward and in reverse backward, and adds or joins what its
+// branches give. Shapes are checked at compile time. state_dict names follow the PyTorch modules of the same nesting
+// (dynamic/modules/blocks.hpp): "body.<i>.", "shortcut.<i>." and "<branch>.<i>." before each sub-layer's own names,
+// with <i> counting a layer with a fused activation as two modules, as Sequential does. Initial weights are drawn
+// from one stream per sub-layer with parameters, in order, as dynamic mode's modules draw theirs.
+//
+// Not yet inside a block: layers that draw at run time (Dropout), and the fusions Sequential makes between
+// neighbouring layers (each sub-layer runs its plain forward and backward).
+#pragma once
+
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kiln/core/random.hpp"
+#include "kiln/core/static_shape.hpp"
+#include "kiln/layers/layer_context.hpp"
+#include "kiln/layers/parameter_info.hpp"
+#include "kiln/static/shape_check.hpp"
+
+namespace kiln {
+
+template <class... Layers>
+struct Chain;
+template <class... Layers>
+struct Shortcut {};
+
+namespace block_detail {
+
+constexpr index_t aligned(index_t n) { return (n + 15) / 16 * 16; }
+
+template <class B>
+constexpr bool has_buffers = requires {
+  B::buffer_count;
+  B::buffer_tensors();
+};
+template <class B>
+constexpr index_t buffer_count_of() {
+  if constexpr (has_buffers<B>) return B::buffer_count;
+  else return 0;
+}
+template <class B>
+constexpr bool draws() {
+  if constexpr (requires { B::draws_at_run_time; }) return B::draws_at_run_time;
+  else return false;
+}
+template <class B>
+constexpr std::uint64_t init_streams_of() {
+  if constexpr (requires { B::init_stream_count; }) return B::init_stream_count;
+  else return B::param_count > 0 ? 1 : 0;
+}
+// How many PyTorch modules a layer stands for: two for a layer with a fused activation (Dense<N, ReLU>).
+template <class L>
+constexpr int torch_modules() {
+  if constexpr (requires { L::fused_activation; }) return L::fused_activation != activation::identity ? 2 : 1;
+  else return 1;
+}
+
+// The layers of a chain bound one after another from In.
+template <class In, class... Layers>
+struct bound_chain;
+template <class In>
+struct bound_chain<In> {
+  using output = In;
+  using binds = std::tuple<>;
+  using layers = std::tuple<>;
+};
+template <class In, class L, class... Rest>
+struct bound_chain<In, L, Rest...> {
+  using B = typename L::template bind<In>;
+  using next = bound_chain<typename B::output, Rest...>;
+  using output = typename next::output;
+  using binds = decltype(std::tuple_cat(std::declval<std::tuple<B>>(), std::declval<typename next::binds>()));
+  using layers = decltype(std::tuple_cat(std::declval<std::tuple<L>>(), std::declval<typename next::layers>()));
+};
+
+// A chain's plan: per sub-layer, its parameter and buffer offsets (parameters 16-aligned), and per sample its
+// activation, gradient and scratch offsets in the chain's scratch.
+template <class In, class... Layers>
+struct chain {
+  using plan = bound_chain<In, Layers...>;
+  using output = typename plan::output;
+  static constexpr std::size_t count = sizeof...(Layers);
+  template <std::size_t I>
+  using bind_at = std::tuple_element_t<I, typename plan::binds>;
+  template <std::size_t I>
+  using layer_at = std::tuple_element_t<I, typename plan::layers>;
+  template <std::size_t I>
+  using input_at = std::conditional_t<I == 0, In, typename bind_at<(I > 0 ? I - 1 : 0)>::output>;
+
+  template <std::size_t... I>
+  static constexpr auto offsets(std::index_sequence<I...>) {
+    struct table {
+      index_t param[count + 1] = {}, buffer[count + 1] = {}, activation[count + 1] = {}, gradient[count + 1] = {},
+              scratch[count + 1] = {};
+      std::uint64_t stream[count + 1] = {};
+    } t;
+    index_t p = 0, b = 0, s = 0;
+    std::uint64_t st = 0;
+    ((t.param[I] = p, p += aligned(bind_at<I>::param_count), t.buffer[I] = b, b += buffer_count_of<bind_at<I>>(),
+      t.stream[I] = st, st += init_streams_of<bind_at<I>>(),
+      t.activation[I] = s, s += bind_at<I>::aliases_input ? 0 : bind_at<I>::output::size,
+      t.gradient[I] = s, s += bind_at<I>::aliases_input ? 0 : bind_at<I>::output::size,
+      t.scratch[I] = s, s += bind_at<I>::scratch_per_sample), ...);
+    t.param[count] = p;
+    t.buffer[count] = b;
+    t.activation[count] = t.gradient[count] = t.scratch[count] = s;
+    t.stream[count] = st;
+    return t;
+  }
+  static constexpr auto table = offsets(std::make_index_sequence<count>{});
+  static constexpr index_t param_count = table.param[count];
+  static constexpr index_t buffer_count = table.buffer[count];
+  static constexpr index_t scratch_per_sample = table.scratch[count];
+  static constexpr std::uint64_t init_stream_count = table.stream[count];
+  static constexpr bool any_draws = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (false || ... || draws<bind_at<I>>());
+  }(std::make_index_sequence<count>{});
+
+  template <class Body>
+  static constexpr void each(Body&& body) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (body.template operator()<I>(), ...); }(
+        std::make_index_sequence<count>{});
+  }
+
+  template <class T>
+  static void init(T* params, random_generator& rng) {
+    const auto base = rng.state();
+    each([&]<std::size_t I>() {
+      if constexpr (bind_at<I>::param_count > 0) {
+        random_generator own(base.seed, base.stream + table.stream[I]);
+        bind_at<I>::init(params + table.param[I], own);
+      }
+    });
+  }
+  template <class T>
+  static void init_buffers(T* buffers) {
+    each([&]<std::size_t I>() {
+      if constexpr (has_buffers<bind_at<I>>) bind_at<I>::init_buffers(buffers + table.buffer[I]);
+    });
+  }
+
+  // Where sub-layer I's output is: its own activation rows in scratch, or (aliasing) its input.
+  template <std::size_t I, class T>
+  static T* output_of(const T* x, T* scratch, index_t n) {
+    if constexpr (bind_at<I>::aliases_input) {
+      if constexpr (I == 0) return const_cast<T*>(x);
+      else return output_of<I - 1>(x, scratch, n);
+    } else {
+      return scratch + table.activation[I] * n;
+    }
+  }
+  template <std::size_t I, class T>
+  static const T* input_of(const T* x, T* scratch, index_t n) {
+    if constexpr (I == 0) return x;
+    else return output_of<I - 1>(x, scratch, n);
+  }
+
+  // Runs the chain on x (n samples); returns where its output is (scratch, or x when every layer aliases).
+  template <class Policy, class T>
+  static const T* forward(const T* params, T* buffers, const T* x, T* scratch, const layer_context& ctx, bool fuse) {
+    const index_t n = ctx.batch;
+    each([&]<std::size_t I>() {
+      using B = bind_at<I>;
+      if constexpr (!B::aliases_input)
+        B::template forward<Policy>(params + table.param[I], buffers + table.buffer[I], input_of<I>(x, scratch, n),
+                                    output_of<I>(x, scratch, n), scratch + table.scratch[I] * n, ctx, fuse);
+    });
+    return output_of<count - 1>(x, scratch, n);
+  }
+
+  // The gradient of sub-layer I's output: dy for the last layer; its own gradient rows otherwise, or (when the layer
+  // after aliases its input) that layer's.
+  template <std::size_t I, class T>
+  static T* gradient_of(T* dy, T* scratch, index_t n) {
+    if constexpr (I + 1 == count) {
+      return dy;
+    } else if constexpr (bind_at<I + 1>::aliases_input) {
+      return gradient_of<I + 1>(dy, scratch, n);
+    } else {
+      return scratch + table.gradient[I] * n;
+    }
+  }
+
+  // Back-propagates dy (the gradient of the chain's output; it may be overwritten) into dx (the gradient of x,
+  // overwritten, or null when none is wanted) and dparams (overwritten).
+  template <class Policy, class T>
+  static void backward(const T* params, const T* x, T* dy, T* dx, T* dparams, T* scratch, const layer_context& ctx) {
+    const index_t n = ctx.batch;
+    [&]<std::size_t... R>(std::index_sequence<R...>) {
+      (backward_one<count - 1 - R, Policy>(params, x, dy, dx, dparams, scratch, ctx), ...);
+    }(std::make_index_sequence<count>{});
+    // A chain whose first layers alias their input hands its gradient through.
+    if constexpr (first_computing() > 0) {
+      if (dx) Policy::copy(static_cast<const T*>(gradient_of<first_computing() - 1>(dy, scratch, n)), dx,
+                           n * In::size);
+    }
+  }
+  static constexpr std::size_t first_computing() {
+    std::size_t first = count;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((first = (first == count && !bind_at<I>::aliases_input) ? I : first), ...);
+    }(std::make_index_sequence<count>{});
+    return first;
+  }
+  template <std::size_t I, class Policy, class T>
+  static void backward_one(const T* params, const T* x, T* dy, T* dx, T* dparams, T* scratch,
+                           const layer_context& ctx) {
+    using B = bind_at<I>;
+    if constexpr (!B::aliases_input) {
+      const index_t n = ctx.batch;
+      T* input_gradient = nullptr;
+      if constexpr (I == first_computing()) input_gradient = I == 0 ? dx : (dx ? gradient_of<I - 1>(dy, scratch, n) : nullptr);
+      else input_gradient = gradient_of<I - 1>(dy, scratch, n);
+      T* own_scratch = const_cast<T*>(scratch) + table.scratch[I] * n;
+      B::template backward<Policy>(params + table.param[I], input_of<I>(x, scratch, n), output_of<I>(x, scratch, n),
+                                   gradient_of<I>(dy, scratch, n), input_gradient, dparams + table.param[I],
+                                   own_scratch, ctx);
+    }
+  }
+
+  // Sub-layer parameter (or buffer) tensors, named "<prefix><module index>.<name>", offsets within the chain's slice.
+  static void named_tensors(std::vector<static_parameter_info>& out, const std::string& prefix, bool buffers) {
+    int torch_index = 0;
+    each([&]<std::size_t I>() {
+      using B = bind_at<I>;
+      if constexpr (requires { B::parameter_tensors(); }) {
+        if (!buffers)
+          for (auto info : B::parameter_tensors()) {
+            info.name = prefix + std::to_string(torch_index) + "." + info.name;
+            info.offset += table.param[I];
+            out.push_back(info);
+          }
+      }
+      if constexpr (has_buffers<B>) {
+        if (buffers)
+          for (auto info : B::buffer_tensors()) {
+            info.name = prefix + std::to_string(torch_index) + "." + info.name;
+            info.offset += table.buffer[I];
+            out.push_back(info);
+          }
+      }
+      torch_index += torch_modules<layer_at<I>>();
+    });
+  }
+  static std::string description() {
+    std::string d;
+    each([&]<std::size_t I>() { d += (I ? ", " : "") + bind_at<I>::description(); });
+    return d;
+  }
+};
+
+template <class In, class L>
+struct as_chain {
+  using type = chain<In, L>;
+};
+template <class In, class... Layers>
+struct as_chain<In, Chain<Layers...>> {
+  using type = chain<In, Layers...>;
+};
+
+}  // namespace block_detail
+
+// Chain<Layers...>: its layers one after another, as one layer.
+template <class... Layers>
+struct Chain {
+  static_assert(sizeof...(Layers) > 0, "kiln::Chain: expected at least one layer");
+  static constexpr const char* name = "Chain";
+  static constexpr bool is_activation = false;
+  template <class In>
+  static constexpr bool accepts = true;
+  static constexpr const char* requirement = "what its first layer accepts";
+
+  template <class In>
+  struct bind {
+    using body = block_detail::chain<In, Layers...>;
+    using output = typename body::output;
+    static constexpr index_t param_count = body::param_count;
+    static constexpr index_t buffer_count = body::buffer_count;
+    static constexpr index_t scratch_per_sample = body::scratch_per_sample;
+    static constexpr bool aliases_input = false;
+    static constexpr std::uint64_t init_stream_count = body::init_stream_count;
+    static_assert(!body::any_draws, "kiln::Chain: layers that draw at run time (Dropout) are not supported in a block yet");
+
+    template <class T>
+    static void init(T* params, random_generator& rng) { body::init(params, rng); }
+    template <class T>
+    static void init_buffers(T* buffers) { body::init_buffers(buffers); }
+    template <class Policy, class T>
+    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
+                        bool fuse) {
+      const T* out = body::template forward<Policy>(params, buffers, x, scratch, ctx, fuse);
+      Policy::copy(out, y, ctx.batch * output::size);
+    }
+    template <class Policy, class T>
+    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
+                         const layer_context& ctx) {
+      body::template backward<Policy>(params, x, dy, dx, dparams, scratch, ctx);
+    }
+    static std::vector<static_parameter_info> parameter_tensors() { return tensors(false); }
+    static std::vector<static_parameter_info> buffer_tensors() { return tensors(true); }
+    static std::string description() { return "Chain(" + body::description() + ")"; }
+
+   private:
+    static std::vector<static_parameter_info> tensors(bool buffers) {
+      std::vector<static_parameter_info> out;
+      body::named_tensors(out, "", buffers);
+      return out;
+    }
+  };
+};
+
+namespace block_detail {
+
+// Fails with a static_assert naming the block and both shapes (the compiler prints the template arguments) when a
+// residual's body does not keep the shape it is added to.
+template <class Block, class Body, class Added>
+struct residual_fits {
+  static constexpr bool value = std::is_same_v<Body, Added>;
+  static_assert(value,
+                "kiln::Residual: the body's output (Body) differs from the shape it is added to (Added, the input or "
+                "the shortcut's output): add a kiln::Shortcut<...> as the first argument that changes the shape as "
+                "the body does (for images Conv2D<C, 1, conv_options{.stride = S}> and BatchNorm2d; for vectors Dense)");
+};
+// The same for the branches of an Add or a Concat: First is the first branch's output, Other another's.
+template <class Block, int Branch, class First, class Other>
+struct branches_fit {
+  static constexpr bool value = std::is_same_v<First, Other>;
+  static_assert(value, "kiln::Add: branch Branch gives a sample of shape Other, branch 0 of shape First; the branches "
+                       "of an Add must give the same shape");
+};
+template <class Block, int Axis, int Branch, class First, class Other>
+struct concat_fits {
+  static constexpr bool value = [] {
+    if constexpr (First::rank != Other::rank || Axis < 1 || Axis > First::rank) {
+      return false;
+    } else {
+      for (int d = 0; d < First::rank; ++d)
+        if (d != Axis - 1 && First::extents[std::size_t(d)] != Other::extents[std::size_t(d)]) return false;
+      return true;
+    }
+  }();
+  static_assert(value, "kiln::Concat: branch Branch gives a sample of shape Other, branch 0 of shape First; they must "
+                       "agree outside Axis (1 is the first dimension of a sample: the channels of an image)");
+};
+
+// Parameters, buffers, init streams and per-sample scratch of several chains side by side (the branches of a block),
+// and each chain's offsets within them.
+template <class... Chains>
+struct branch_table {
+  static constexpr std::size_t count = sizeof...(Chains);
+  static constexpr auto make() {
+    struct table {
+      index_t param[count + 1] = {}, buffer[count + 1] = {}, scratch[count + 1] = {};
+      std::uint64_t stream[count + 1] = {};
+    } t;
+    index_t p = 0, b = 0, s = 0;
+    std::uint64_t st = 0;
+    std::size_t i = 0;
+    ((t.param[i] = p, t.buffer[i] = b, t.scratch[i] = s, t.stream[i] = st, p += aligned(Chains::param_count),
+      b += Chains::buffer_count, s += Chains::scratch_per_sample, st += Chains::init_stream_count, ++i),
+     ...);
+    t.param[count] = p;
+    t.buffer[count] = b;
+    t.scratch[count] = s;
+    t.stream[count] = st;
+    return t;
+  }
+  static constexpr auto table = make();
+  static constexpr bool any_draws = (false || ... || Chains::any_draws);
+
+  template <class Body>
+  static void each(Body&& body) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (body.template operator()<I, std::tuple_element_t<I, std::tuple<Chains...>>>(), ...);
+    }(std::make_index_sequence<count>{});
+  }
+  template <class T>
+  static void init(T* params, random_generator& rng) {
+    const auto base = rng.state();
+    each([&]<std::size_t I, class C>() {
+      random_generator own(base.seed, base.stream + table.stream[I]);
+      C::init(params + table.param[I], own);
+    });
+  }
+  template <class T>
+  static void init_buffers(T* buffers) {
+    each([&]<std::size_t I, class C>() { C::init_buffers(buffers + table.buffer[I]); });
+  }
+  static std::vector<static_parameter_info> tensors(bool buffers, const std::vector<std::string>& prefixes) {
+    std::vector<static_parameter_info> out;
+    each([&]<std::size_t I, class C>() {
+      const std::size_t first = out.size();
+      C::named_tensors(out, prefixes[I], buffers);
+      for (std::size_t k = first; k < out.size(); ++k) out[k].offset += buffers ? table.buffer[I] : table.param[I];
+    });
+    return out;
+  }
+};
+
+// D with extent Axis (0-based within the sample) replaced by Value.
+template <class D, int Axis, index_t Value, class Seq = std::make_index_sequence<std::size_t(D::rank)>>
+struct with_extent;
+template <index_t... E, int Axis, index_t Value, std::size_t... I>
+struct with_extent<dims<E...>, Axis, Value, std::index_sequence<I...>> {
+  using type = dims<(int(I) == Axis ? Value : dims<E...>::extents[I])...>;
+};
+
+template <class In, class... Layers>
+struct residual_parts {
+  using body = chain<In, Layers...>;
+  using shortcut = void;
+};
+template <class In, class... S, class... Layers>
+struct residual_parts<In, Shortcut<S...>, Layers...> {
+  using body = chain<In, Layers...>;
+  using shortcut = chain<In, S...>;
+};
+
+}  // namespace block_detail
+
+// Residual<Layers...>: y = x + f(x); Residual<Shortcut<S...>, Layers...>: y = s(x) + f(x).
+template <class... Layers>
+struct Residual {
+  static constexpr const char* name = "Residual";
+  static constexpr bool is_activation = false;
+  template <class In>
+  static constexpr bool accepts = true;
+  static constexpr const char* requirement = "what its body accepts";
+
+  template <class In>
+  struct bind {
+    using parts = block_detail::residual_parts<In, Layers...>;
+    using body = typename parts::body;
+    static constexpr bool has_shortcut = !std::is_void_v<typename parts::shortcut>;
+    using shortcut = std::conditional_t<has_shortcut, typename parts::shortcut, block_detail::chain<In>>;
+    using added = std::conditional_t<has_shortcut, typename shortcut::output, In>;
+    static_assert(block_detail::residual_fits<Residual, typename body::output, added>::value);
+    using branches = std::conditional_t<has_shortcut, block_detail::branch_table<body, shortcut>,
+                                        block_detail::branch_table<body>>;
+    using output = typename body::output;
+    static constexpr index_t param_count = branches::table.param[branches::count];
+    static constexpr index_t buffer_count = branches::table.buffer[branches::count];
+    static constexpr std::uint64_t init_stream_count = branches::table.stream[branches::count];
+    // The branches' scratch, then a copy of dy for the shortcut and the body's input gradient.
+    static constexpr index_t own_scratch = branches::table.scratch[branches::count];
+    static constexpr index_t scratch_per_sample = own_scratch + (has_shortcut ? output::size : 0) + In::size;
+    static constexpr bool aliases_input = false;
+    static_assert(!branches::any_draws,
+                  "kiln::Residual: layers that draw at run time (Dropout) are not supported in a block yet");
+
+    template <class T>
+    static void init(T* params, random_generator& rng) { branches::init(params, rng); }
+    template <class T>
+    static void init_buffers(T* buffers) { branches::init_buffers(buffers); }
+    template <class Policy, class T>
+    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
+                        bool fuse) {
+      const index_t n = ctx.batch;
+      const auto& t = branches::table;
+      const T* f = body::template forward<Policy>(params, buffers, x, scratch, ctx, fuse);
+      const T* s = x;
+      if constexpr (has_shortcut)
+        s = shortcut::template forward<Policy>(params + t.param[1], buffers + t.buffer[1], x, scratch + t.scratch[1] * n,
+                                               ctx, fuse);
+      Policy::add(s, f, y, n * output::size);
+    }
+    template <class Policy, class T>
+    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
+                         const layer_context& ctx) {
+      const index_t n = ctx.batch;
+      const auto& t = branches::table;
+      T* dy_copy = scratch + own_scratch * n;
+      T* body_dx = dy_copy + (has_shortcut ? output::size * n : 0);
+      if constexpr (has_shortcut) Policy::copy(static_cast<const T*>(dy), dy_copy, n * output::size);
+      else if (dx) Policy::copy(static_cast<const T*>(dy), dx, n * In::size);  // the identity's share
+      body::template backward<Policy>(params, x, dy, dx ? body_dx : nullptr, dparams, scratch, ctx);
+      if constexpr (has_shortcut)
+        shortcut::template backward<Policy>(params + t.param[1], x, dy_copy, dx, dparams + t.param[1],
+                                            scratch + t.scratch[1] * n, ctx);
+      if (dx) Policy::accumulate(static_cast<const T*>(body_dx), dx, n * In::size);
+    }
+    static std::vector<static_parameter_info> parameter_tensors() { return branches::tensors(false, prefixes()); }
+    static std::vector<static_parameter_info> buffer_tensors() { return branches::tensors(true, prefixes()); }
+    static std::string description() {
+      std::string d = "Residual(" + body::description();
+      if constexpr (has_shortcut) d += "; shortcut " + shortcut::description();
+      return d + ")";
+    }
+
+   private:
+    static std::vector<std::string> prefixes() { return {"body.", "shortcut."}; }
+  };
+};
+namespace block_detail {
+
+// What Add and Concat share: their branches as chains, planned side by side.
+template <class In, class... Branches>
+struct branches_of {
+  using table = branch_table<typename as_chain<In, Branches>::type...>;
+  using first = typename std::tuple_element_t<0, std::tuple<typename as_chain<In, Branches>::type...>>::output;
+  static std::vector<std::string> prefixes() {
+    std::vector<std::string> p;
+    for (std::size_t i = 0; i < sizeof...(Branches); ++i) p.push_back(std::to_string(i) + ".");
+    return p;
+  }
+  // Runs every branch; out[b] is where branch b's output is.
+  template <class Policy, class T>
+  static void forward(const T* params, T* buffers, const T* x, T* scratch, const layer_context& ctx, bool fuse,
+                      const T** out) {
+    const index_t n = ctx.batch;
+    table::each([&]<std::size_t I, class C>() {
+      out[I] = C::template forward<Policy>(params + table::table.param[I], buffers + table::table.buffer[I], x,
+                                          scratch + table::table.scratch[I] * n, ctx, fuse);
+    });
+  }
+  // Back-propagates branch b from dys[b] (overwritten); dx (overwritten, or null) gets the sum over the branches,
+  // each but the first through dx_scratch.
+  template <class Policy, class T>
+  static void backward(const T* params, const T* x, T* const* dys, T* dx, T* dx_scratch, T* dparams, T* scratch,
+                       const layer_context& ctx) {
+    const index_t n = ctx.batch;
+    table::each([&]<std::size_t I, class C>() {
+      T* into = (I == 0 || !dx) ? dx : dx_scratch;
+      C::template backward<Policy>(params + table::table.param[I], x, dys[I], into, dparams + table::table.param[I],
+                                   scratch + table::table.scratch[I] * n, ctx);
+      if (I > 0 && dx) Policy::accumulate(static_cast<const T*>(dx_scratch), dx, n * In::size);
+    });
+  }
+  static std::string description() {
+    std::string d;
+    table::each([&]<std::size_t I, class C>() { d += (I ? "; " : "") + C::description(); });
+    return d;
+  }
+};
+
+}  // namespace block_detail
+
+// Add<Branches...>: the branches (each a layer or a Chain) on the same input, their outputs summed.
+template <class... Branches>
+struct Add {
+  static_assert(sizeof...(Branches) > 0, "kiln::Add: expected at least one branch");
+  static constexpr const char* name = "Add";
+  static constexpr bool is_activation = false;
+  template <class In>
+  static constexpr bool accepts = true;
+  static constexpr const char* requirement = "what every branch accepts";
+
+  template <class In>
+  struct bind {
+    using of = block_detail::branches_of<In, Branches...>;
+    using branches = typename of::table;
+    using output = typename of::first;
+    static constexpr bool fits = []<std::size_t... I>(std::index_sequence<I...>) {
+      return (true && ... &&
+              block_detail::branches_fit<Add, int(I), output,
+                                         typename block_detail::as_chain<In, Branches>::type::output>::value);
+    }(std::make_index_sequence<sizeof...(Branches)>{});
+    static_assert(fits);
+    static constexpr std::size_t count = sizeof...(Branches);
+    static constexpr index_t param_count = branches::table.param[count];
+    static constexpr index_t buffer_count = branches::table.buffer[count];
+    static constexpr std::uint64_t init_stream_count = branches::table.stream[count];
+    static constexpr index_t own_scratch = branches::table.scratch[count];
+    // The branches' scratch, then a copy of dy for each branch but the last, and one input gradient.
+    static constexpr index_t scratch_per_sample = own_scratch + index_t(count - 1) * output::size + In::size;
+    static constexpr bool aliases_input = false;
+    static_assert(!branches::any_draws,
+                  "kiln::Add: layers that draw at run time (Dropout) are not supported in a block yet");
+
+    template <class T>
+    static void init(T* params, random_generator& rng) { branches::init(params, rng); }
+    template <class T>
+    static void init_buffers(T* buffers) { branches::init_buffers(buffers); }
+    template <class Policy, class T>
+    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
+                        bool fuse) {
+      const index_t n = ctx.batch * output::size;
+      const T* out[count];
+      of::template forward<Policy>(params, buffers, x, scratch, ctx, fuse, out);
+      if constexpr (count == 1) {
+        Policy::copy(out[0], y, n);
+      } else {
+        Policy::add(out[0], out[1], y, n);
+        for (std::size_t b = 2; b < count; ++b) Policy::accumulate(out[b], y, n);
+      }
+    }
+    template <class Policy, class T>
+    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
+                         const layer_context& ctx) {
+      const index_t n = ctx.batch;
+      T* dys[count];
+      T* copies = scratch + own_scratch * n;
+      for (std::size_t b = 0; b + 1 < count; ++b) {  // every branch gets dy; each may overwrite its own
+        dys[b] = copies + index_t(b) * output::size * n;
+        Policy::copy(static_cast<const T*>(dy), dys[b], n * output::size);
+      }
+      dys[count - 1] = dy;
+      of::template backward<Policy>(params, x, dys, dx, copies + index_t(count - 1) * output::size * n, dparams,
+                                    scratch, ctx);
+    }
+    static std::vector<static_parameter_info> parameter_tensors() { return branches::tensors(false, of::prefixes()); }
+    static std::vector<static_parameter_info> buffer_tensors() { return branches::tensors(true, of::prefixes()); }
+    static std::string description() { return "Add(" + of::description() + ")"; }
+  };
+};
+
+// Concat<Axis, Branches...>: the branches on the same input, their outputs joined along Axis (PyTorch's dim: 0 is the
+// batch, 1 the first dimension of a sample, such as the channels of an image).
+template <int Axis, class... Branches>
+struct Concat {
+  static_assert(sizeof...(Branches) > 0, "kiln::Concat: expected at least one branch");
+  static_assert(Axis >= 1, "kiln::Concat: Axis counts the batch as 0 (PyTorch's dim); join along a sample's "
+                           "dimension, 1 or more");
+  static constexpr const char* name = "Concat";
+  static constexpr bool is_activation = false;
+  template <class In>
+  static constexpr bool accepts = true;
+  static constexpr const char* requirement = "what every branch accepts";
+
+  template <class In>
+  struct bind {
+    using of = block_detail::branches_of<In, Branches...>;
+    using branches = typename of::table;
+    using first = typename of::first;
+    static constexpr std::size_t count = sizeof...(Branches);
+    template <std::size_t I>
+    using branch_output = typename block_detail::as_chain<
+        In, std::tuple_element_t<I, std::tuple<Branches...>>>::type::output;
+    static constexpr bool fits = []<std::size_t... I>(std::index_sequence<I...>) {
+      return (true && ... && block_detail::concat_fits<Concat, Axis, int(I), first, branch_output<I>>::value);
+    }(std::make_index_sequence<count>{});
+    static_assert(fits);
+    // The sample seen as [outer, extent along Axis, inner].
+    static constexpr int axis = Axis - 1 < first::rank ? Axis - 1 : 0;
+    static constexpr index_t outer = [] {
+      index_t o = 1;
+      for (int d = 0; d < axis; ++d) o *= first::extents[std::size_t(d)];
+      return o;
+    }();
+    static constexpr index_t inner = first::size / (outer * first::extents[std::size_t(axis)]);
+    static constexpr index_t joined = []<std::size_t... I>(std::index_sequence<I...>) {
+      return (index_t{0} + ... + branch_output<I>::extents[std::size_t(axis)]);
+    }(std::make_index_sequence<count>{});
+    using output = typename block_detail::with_extent<first, axis, joined>::type;
+    // Values per row of the [outer, extent, inner] view that branch I fills.
+    template <std::size_t I>
+    static constexpr index_t width = branch_output<I>::extents[std::size_t(axis)] * inner;
+    static constexpr index_t param_count = branches::table.param[count];
+    static constexpr index_t buffer_count = branches::table.buffer[count];
+    static constexpr std::uint64_t init_stream_count = branches::table.stream[count];
+    static constexpr index_t own_scratch = branches::table.scratch[count];
+    // The branches' scratch, then each branch's share of dy, and one input gradient.
+    static constexpr index_t scratch_per_sample = own_scratch + output::size + In::size;
+    static constexpr bool aliases_input = false;
+    static_assert(!branches::any_draws,
+                  "kiln::Concat: layers that draw at run time (Dropout) are not supported in a block yet");
+
+    template <class T>
+    static void init(T* params, random_generator& rng) { branches::init(params, rng); }
+    template <class T>
+    static void init_buffers(T* buffers) { branches::init_buffers(buffers); }
+    template <class Policy, class T>
+    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
+                        bool fuse) {
+      const T* out[count];
+      of::template forward<Policy>(params, buffers, x, scratch, ctx, fuse, out);
+      const index_t rows = ctx.batch * outer;
+      index_t at = 0;
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((Policy::copy_rows(rows, width<I>, out[I], width<I>,
+                            y + at, joined * inner),
+          at += width<I>),
+         ...);
+      }(std::make_index_sequence<count>{});
+    }
+    template <class Policy, class T>
+    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
+                         const layer_context& ctx) {
+      const index_t n = ctx.batch, rows = n * outer;
+      T* shares = scratch + own_scratch * n;
+      T* dys[count];
+      index_t at = 0, offset = 0;
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((dys[I] = shares + offset, offset += n * branch_output<I>::size,
+          Policy::copy_rows(rows, width<I>, static_cast<const T*>(dy) + at,
+                            joined * inner, dys[I], width<I>),
+          at += width<I>),
+         ...);
+      }(std::make_index_sequence<count>{});
+      of::template backward<Policy>(params, x, dys, dx, shares + n * output::size, dparams, scratch, ctx);
+    }
+    static std::vector<static_parameter_info> parameter_tensors() { return branches::tensors(false, of::prefixes()); }
+    static std::vector<static_parameter_info> buffer_tensors() { return branches::tensors(true, of::prefixes()); }
+    static std::string description() { return "Concat(dim=" + std::to_string(Axis) + "; " + of::description() + ")"; }
+  };
+};
+
+}  // namespace kiln
