@@ -15,6 +15,7 @@
 
 #include "allocation_counter.hpp"
 #include "fixture.hpp"
+#include "gradient_check.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
 
@@ -64,43 +65,9 @@ void check_twins(Net& net, nn::Module& model, index_t batch, int steps = 20) {
 }
 
 using V = nn::basic_variable<double>;
-
-V random_leaf(const shape& s, std::uint64_t seed) {
-  random_generator rng(seed);
-  Tensor<double> t(s);
-  for (auto& v : t.span()) v = rng.normal<double>();
-  return V(t, true);
-}
-
-void check_gradients(const std::vector<V>& leaves, const std::function<V()>& f) {
-  for (const auto& leaf : leaves) leaf.zero_grad();
-  f().backward();
-  for (const V& leaf : leaves) {
-    auto value = leaf.value();
-    auto grad = leaf.grad();
-    for (index_t i = 0; i < leaf.numel(); ++i) {
-      const double saved = value[i];
-      double plus, minus;
-      {
-        nn::no_grad guard;
-        value[i] = saved + 1e-6;
-        plus = f().item();
-        value[i] = saved - 1e-6;
-        minus = f().item();
-        value[i] = saved;
-      }
-      const double numeric = (plus - minus) / 2e-6, analytic = grad[i];
-      CHECK(std::abs(analytic - numeric) <= 1e-6 * std::max({1.0, std::abs(numeric), std::abs(analytic)}));
-    }
-  }
-}
-
-V weighted_sum(const V& y) {
-  random_generator rng(99);
-  Tensor<double> w(y.shape());
-  for (auto& v : w.span()) v = rng.normal<double>();
-  return nn::sum(nn::mul(y, V(w)));
-}
+using kiln::test::check_gradients;
+using kiln::test::random_leaf;
+using kiln::test::weighted_sum;
 
 }  // namespace
 

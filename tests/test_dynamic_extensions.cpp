@@ -11,52 +11,17 @@
 #include <utility>
 #include <vector>
 
+#include "gradient_check.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
 
 using namespace kiln;
 using V = nn::basic_variable<double>;
+using kiln::test::check_gradients;
+using kiln::test::random_leaf;
+using kiln::test::weighted_sum;
 
 namespace {
-
-V random_leaf(const shape& s, std::uint64_t seed, double scale = 1.0) {
-  random_generator rng(seed);
-  Tensor<double> t(s);
-  for (auto& v : t.span()) v = scale * rng.normal<double>();
-  return V(t, true);
-}
-
-// d f() / d leaf against central differences, for every element of every leaf.
-void check_gradients(const std::vector<V>& leaves, const std::function<V()>& f, double tolerance = 1e-6) {
-  for (const auto& leaf : leaves) leaf.zero_grad();
-  f().backward();
-  for (std::size_t l = 0; l < leaves.size(); ++l) {
-    auto value = leaves[l].value();
-    auto grad = leaves[l].grad();
-    for (index_t i = 0; i < leaves[l].numel(); ++i) {
-      const double saved = value[i];
-      double plus, minus;
-      {
-        nn::no_grad guard;
-        value[i] = saved + 1e-6;
-        plus = f().item();
-        value[i] = saved - 1e-6;
-        minus = f().item();
-        value[i] = saved;
-      }
-      const double numeric = (plus - minus) / 2e-6, analytic = grad[i];
-      INFO("leaf ", l, " element ", i, ": analytic ", analytic, ", numeric ", numeric);
-      CHECK(std::abs(analytic - numeric) <= tolerance * std::max({1.0, std::abs(numeric), std::abs(analytic)}));
-    }
-  }
-}
-
-V weighted_sum(const V& y, std::uint64_t seed = 99) {
-  random_generator rng(seed);
-  Tensor<double> w(y.shape());
-  for (auto& v : w.span()) v = rng.normal<double>();
-  return nn::sum(nn::mul(y, V(w)));
-}
 
 // y = tanh(x) * scale, with a backward of its own from the saved output.
 struct ScaledTanh : nn::basic_function<ScaledTanh, double> {

@@ -268,58 +268,6 @@ struct as_chain<In, Chain<Layers...>> {
   using type = chain<In, Layers...>;
 };
 
-}  // namespace block_detail
-
-// Chain<Layers...>: its layers one after another, as one layer.
-template <class... Layers>
-struct Chain {
-  static_assert(sizeof...(Layers) > 0, "kiln::Chain: expected at least one layer");
-  static constexpr const char* name = "Chain";
-  static constexpr bool is_activation = false;
-  template <class In>
-  static constexpr bool accepts = true;
-  static constexpr const char* requirement = "what its first layer accepts";
-
-  template <class In>
-  struct bind {
-    using body = block_detail::chain<In, Layers...>;
-    using output = typename body::output;
-    static constexpr index_t param_count = body::param_count;
-    static constexpr index_t buffer_count = body::buffer_count;
-    static constexpr index_t scratch_per_sample = body::scratch_per_sample;
-    static constexpr bool aliases_input = false;
-    static constexpr std::uint64_t init_stream_count = body::init_stream_count;
-    static_assert(!body::any_draws, "kiln::Chain: layers that draw at run time (Dropout) are not supported in a block yet");
-
-    template <class T>
-    static void init(T* params, random_generator& rng) { body::init(params, rng); }
-    template <class T>
-    static void init_buffers(T* buffers) { body::init_buffers(buffers); }
-    template <class Policy, class T>
-    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
-                        bool fuse) {
-      const T* out = body::template forward<Policy>(params, buffers, x, scratch, ctx, fuse);
-      Policy::copy(out, y, ctx.batch * output::size);
-    }
-    template <class Policy, class T>
-    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
-                         const layer_context& ctx) {
-      body::template backward<Policy>(params, x, dy, dx, dparams, scratch, ctx);
-    }
-    static std::vector<static_parameter_info> parameter_tensors() { return tensors(false); }
-    static std::vector<static_parameter_info> buffer_tensors() { return tensors(true); }
-    static std::string description() { return "Chain(" + body::description() + ")"; }
-
-   private:
-    static std::vector<static_parameter_info> tensors(bool buffers) {
-      std::vector<static_parameter_info> out;
-      body::named_tensors(out, "", buffers);
-      return out;
-    }
-  };
-};
-
-namespace block_detail {
 
 // Fails with a static_assert naming the block and both shapes (the compiler prints the template arguments) when a
 // residual's body does not keep the shape it is added to.
@@ -426,93 +374,13 @@ struct residual_parts<In, Shortcut<S...>, Layers...> {
   using shortcut = chain<In, S...>;
 };
 
-}  // namespace block_detail
 
-// Residual<Layers...>: y = x + f(x); Residual<Shortcut<S...>, Layers...>: y = s(x) + f(x).
-template <class... Layers>
-struct Residual {
-  static constexpr const char* name = "Residual";
-  static constexpr bool is_activation = false;
-  template <class In>
-  static constexpr bool accepts = true;
-  static constexpr const char* requirement = "what its body accepts";
-
-  template <class In>
-  struct bind {
-    using parts = block_detail::residual_parts<In, Layers...>;
-    using body = typename parts::body;
-    static constexpr bool has_shortcut = !std::is_void_v<typename parts::shortcut>;
-    using shortcut = std::conditional_t<has_shortcut, typename parts::shortcut, block_detail::chain<In>>;
-    using added = std::conditional_t<has_shortcut, typename shortcut::output, In>;
-    static_assert(block_detail::residual_fits<Residual, typename body::output, added>::value);
-    using branches = std::conditional_t<has_shortcut, block_detail::branch_table<body, shortcut>,
-                                        block_detail::branch_table<body>>;
-    using output = typename body::output;
-    static constexpr index_t param_count = branches::table.param[branches::count];
-    static constexpr index_t buffer_count = branches::table.buffer[branches::count];
-    static constexpr std::uint64_t init_stream_count = branches::table.stream[branches::count];
-    // The branches' scratch, then a copy of dy for the shortcut and the body's input gradient.
-    static constexpr index_t own_scratch = branches::table.scratch[branches::count];
-    static constexpr index_t scratch_per_sample = own_scratch + (has_shortcut ? output::size : 0) + In::size;
-    static constexpr bool aliases_input = false;
-    static_assert(!branches::any_draws,
-                  "kiln::Residual: layers that draw at run time (Dropout) are not supported in a block yet");
-
-    template <class T>
-    static void init(T* params, random_generator& rng) { branches::init(params, rng); }
-    template <class T>
-    static void init_buffers(T* buffers) { branches::init_buffers(buffers); }
-    template <class Policy, class T>
-    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
-                        bool fuse) {
-      const index_t n = ctx.batch;
-      const auto& t = branches::table;
-      const T* f = body::template forward<Policy>(params, buffers, x, scratch, ctx, fuse);
-      const T* s = x;
-      if constexpr (has_shortcut)
-        s = shortcut::template forward<Policy>(params + t.param[1], buffers + t.buffer[1], x, scratch + t.scratch[1] * n,
-                                               ctx, fuse);
-      Policy::add(s, f, y, n * output::size);
-    }
-    template <class Policy, class T>
-    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
-                         const layer_context& ctx) {
-      const index_t n = ctx.batch;
-      const auto& t = branches::table;
-      T* dy_copy = scratch + own_scratch * n;
-      T* body_dx = dy_copy + (has_shortcut ? output::size * n : 0);
-      if constexpr (has_shortcut) Policy::copy(static_cast<const T*>(dy), dy_copy, n * output::size);
-      else if (dx) Policy::copy(static_cast<const T*>(dy), dx, n * In::size);  // the identity's share
-      body::template backward<Policy>(params, x, dy, dx ? body_dx : nullptr, dparams, scratch, ctx);
-      if constexpr (has_shortcut)
-        shortcut::template backward<Policy>(params + t.param[1], x, dy_copy, dx, dparams + t.param[1],
-                                            scratch + t.scratch[1] * n, ctx);
-      if (dx) Policy::accumulate(static_cast<const T*>(body_dx), dx, n * In::size);
-    }
-    static std::vector<static_parameter_info> parameter_tensors() { return branches::tensors(false, prefixes()); }
-    static std::vector<static_parameter_info> buffer_tensors() { return branches::tensors(true, prefixes()); }
-    static std::string description() {
-      std::string d = "Residual(" + body::description();
-      if constexpr (has_shortcut) d += "; shortcut " + shortcut::description();
-      return d + ")";
-    }
-
-   private:
-    static std::vector<std::string> prefixes() { return {"body.", "shortcut."}; }
-  };
-};
-namespace block_detail {
 
 // What Add and Concat share: their branches as chains, planned side by side.
 template <class In, class... Branches>
 struct branches_of {
   using table = branch_table<typename as_chain<In, Branches>::type...>;
   using first = typename std::tuple_element_t<0, std::tuple<typename as_chain<In, Branches>::type...>>::output;
-  static std::vector<std::string> prefixes() {
-    std::vector<std::string> p;
-    for (std::size_t i = 0; i < sizeof...(Branches); ++i) p.push_back(std::to_string(i) + ".");
-    return p;
-  }
   // Runs every branch; out[b] is where branch b's output is.
   template <class Policy, class T>
   static void forward(const T* params, T* buffers, const T* x, T* scratch, const layer_context& ctx, bool fuse,
@@ -543,20 +411,163 @@ struct branches_of {
   }
 };
 
-}  // namespace block_detail
 
-// Add<Branches...>: the branches (each a layer or a Chain) on the same input, their outputs summed.
-template <class... Branches>
-struct Add {
-  static_assert(sizeof...(Branches) > 0, "kiln::Add: expected at least one branch");
-  static constexpr const char* name = "Add";
+// What every block's bind says of its branches (a branch_table): their parameters, buffers and init streams side by
+// side, and their tensors' names under the block's prefixes (Prefixes::get(): "body.", "shortcut.", or "0.", "1.").
+template <class Branches, class Prefixes>
+struct branch_members {
+  static constexpr std::size_t branch_count = Branches::count;
+  static constexpr index_t param_count = Branches::table.param[branch_count];
+  static constexpr index_t buffer_count = Branches::table.buffer[branch_count];
+  static constexpr std::uint64_t init_stream_count = Branches::table.stream[branch_count];
+  // The branches' own scratch, per sample; a block plans what it needs after it.
+  static constexpr index_t branch_scratch = Branches::table.scratch[branch_count];
+  static constexpr bool aliases_input = false;
+  static_assert(!Branches::any_draws,
+                "kiln: layers that draw at run time (Dropout) are not supported inside a block (Residual, Add, "
+                "Concat, Chain) yet");
+
+  template <class T>
+  static void init(T* params, random_generator& rng) {
+    Branches::init(params, rng);
+  }
+  template <class T>
+  static void init_buffers(T* buffers) {
+    Branches::init_buffers(buffers);
+  }
+  static std::vector<static_parameter_info> parameter_tensors() { return Branches::tensors(false, Prefixes::get()); }
+  static std::vector<static_parameter_info> buffer_tensors() { return Branches::tensors(true, Prefixes::get()); }
+};
+
+// The names a block gives its branches.
+struct chain_prefixes {
+  static std::vector<std::string> get() { return {""}; }
+};
+struct residual_prefixes {
+  static std::vector<std::string> get() { return {"body.", "shortcut."}; }
+};
+template <std::size_t N>
+struct numbered_prefixes {
+  static std::vector<std::string> get() {
+    std::vector<std::string> p;
+    for (std::size_t i = 0; i < N; ++i) p.push_back(std::to_string(i) + ".");
+    return p;
+  }
+};
+
+// What a block's own type says: it is not an activation and takes what its layers take (its bind checks them).
+struct block_layer {
   static constexpr bool is_activation = false;
   template <class In>
   static constexpr bool accepts = true;
+};
+
+// A residual block's parts on input In: the body, the shortcut (the identity when absent: an empty chain) and both
+// as a branch_table.
+template <class In, class... Layers>
+struct residual_plan {
+  using parts = residual_parts<In, Layers...>;
+  using body = typename parts::body;
+  static constexpr bool has_shortcut = !std::is_void_v<typename parts::shortcut>;
+  using shortcut = std::conditional_t<has_shortcut, typename parts::shortcut, chain<In>>;
+  using branches = std::conditional_t<has_shortcut, branch_table<body, shortcut>, branch_table<body>>;
+};
+
+}  // namespace block_detail
+
+// Chain<Layers...>: its layers one after another, as one layer.
+template <class... Layers>
+struct Chain : block_detail::block_layer {
+  static_assert(sizeof...(Layers) > 0, "kiln::Chain: expected at least one layer");
+  static constexpr const char* name = "Chain";
+  static constexpr const char* requirement = "what its first layer accepts";
+
+  template <class In>
+  struct bind : block_detail::branch_members<block_detail::branch_table<block_detail::chain<In, Layers...>>,
+                                             block_detail::chain_prefixes> {
+    using body = block_detail::chain<In, Layers...>;
+    using output = typename body::output;
+    static constexpr index_t scratch_per_sample = body::scratch_per_sample;
+
+    template <class Policy, class T>
+    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
+                        bool fuse) {
+      const T* out = body::template forward<Policy>(params, buffers, x, scratch, ctx, fuse);
+      Policy::copy(out, y, ctx.batch * output::size);
+    }
+    template <class Policy, class T>
+    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
+                         const layer_context& ctx) {
+      body::template backward<Policy>(params, x, dy, dx, dparams, scratch, ctx);
+    }
+    static std::string description() { return "Chain(" + body::description() + ")"; }
+  };
+};
+
+// Residual<Layers...>: y = x + f(x); Residual<Shortcut<S...>, Layers...>: y = s(x) + f(x).
+template <class... Layers>
+struct Residual : block_detail::block_layer {
+  static constexpr const char* name = "Residual";
+  static constexpr const char* requirement = "what its body accepts";
+
+  template <class In>
+  struct bind : block_detail::branch_members<typename block_detail::residual_plan<In, Layers...>::branches,
+                                             block_detail::residual_prefixes> {
+    using plan = block_detail::residual_plan<In, Layers...>;
+    using body = typename plan::body;
+    using shortcut = typename plan::shortcut;
+    using branches = typename plan::branches;
+    static constexpr bool has_shortcut = plan::has_shortcut;
+    using added = std::conditional_t<has_shortcut, typename shortcut::output, In>;
+    static_assert(block_detail::residual_fits<Residual, typename body::output, added>::value);
+    using output = typename body::output;
+    // The branches' scratch, then a copy of dy for the shortcut and the body's input gradient.
+    static constexpr index_t own_scratch = bind::branch_scratch;
+    static constexpr index_t scratch_per_sample = own_scratch + (has_shortcut ? output::size : 0) + In::size;
+    template <class Policy, class T>
+    static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
+                        bool fuse) {
+      const index_t n = ctx.batch;
+      const auto& t = branches::table;
+      const T* f = body::template forward<Policy>(params, buffers, x, scratch, ctx, fuse);
+      const T* s = x;
+      if constexpr (has_shortcut)
+        s = shortcut::template forward<Policy>(params + t.param[1], buffers + t.buffer[1], x, scratch + t.scratch[1] * n,
+                                               ctx, fuse);
+      Policy::add(s, f, y, n * output::size);
+    }
+    template <class Policy, class T>
+    static void backward(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T* scratch,
+                         const layer_context& ctx) {
+      const index_t n = ctx.batch;
+      const auto& t = branches::table;
+      T* dy_copy = scratch + own_scratch * n;
+      T* body_dx = dy_copy + (has_shortcut ? output::size * n : 0);
+      if constexpr (has_shortcut) Policy::copy(static_cast<const T*>(dy), dy_copy, n * output::size);
+      else if (dx) Policy::copy(static_cast<const T*>(dy), dx, n * In::size);  // the identity's share
+      body::template backward<Policy>(params, x, dy, dx ? body_dx : nullptr, dparams, scratch, ctx);
+      if constexpr (has_shortcut)
+        shortcut::template backward<Policy>(params + t.param[1], x, dy_copy, dx, dparams + t.param[1],
+                                            scratch + t.scratch[1] * n, ctx);
+      if (dx) Policy::accumulate(static_cast<const T*>(body_dx), dx, n * In::size);
+    }
+    static std::string description() {
+      std::string d = "Residual(" + body::description();
+      if constexpr (has_shortcut) d += "; shortcut " + shortcut::description();
+      return d + ")";
+    }
+  };
+};
+// Add<Branches...>: the branches (each a layer or a Chain) on the same input, their outputs summed.
+template <class... Branches>
+struct Add : block_detail::block_layer {
+  static_assert(sizeof...(Branches) > 0, "kiln::Add: expected at least one branch");
+  static constexpr const char* name = "Add";
   static constexpr const char* requirement = "what every branch accepts";
 
   template <class In>
-  struct bind {
+  struct bind : block_detail::branch_members<typename block_detail::branches_of<In, Branches...>::table,
+                                             block_detail::numbered_prefixes<sizeof...(Branches)>> {
     using of = block_detail::branches_of<In, Branches...>;
     using branches = typename of::table;
     using output = typename of::first;
@@ -567,20 +578,9 @@ struct Add {
     }(std::make_index_sequence<sizeof...(Branches)>{});
     static_assert(fits);
     static constexpr std::size_t count = sizeof...(Branches);
-    static constexpr index_t param_count = branches::table.param[count];
-    static constexpr index_t buffer_count = branches::table.buffer[count];
-    static constexpr std::uint64_t init_stream_count = branches::table.stream[count];
-    static constexpr index_t own_scratch = branches::table.scratch[count];
+    static constexpr index_t own_scratch = bind::branch_scratch;
     // The branches' scratch, then a copy of dy for each branch but the last, and one input gradient.
     static constexpr index_t scratch_per_sample = own_scratch + index_t(count - 1) * output::size + In::size;
-    static constexpr bool aliases_input = false;
-    static_assert(!branches::any_draws,
-                  "kiln::Add: layers that draw at run time (Dropout) are not supported in a block yet");
-
-    template <class T>
-    static void init(T* params, random_generator& rng) { branches::init(params, rng); }
-    template <class T>
-    static void init_buffers(T* buffers) { branches::init_buffers(buffers); }
     template <class Policy, class T>
     static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
                         bool fuse) {
@@ -608,8 +608,6 @@ struct Add {
       of::template backward<Policy>(params, x, dys, dx, copies + index_t(count - 1) * output::size * n, dparams,
                                     scratch, ctx);
     }
-    static std::vector<static_parameter_info> parameter_tensors() { return branches::tensors(false, of::prefixes()); }
-    static std::vector<static_parameter_info> buffer_tensors() { return branches::tensors(true, of::prefixes()); }
     static std::string description() { return "Add(" + of::description() + ")"; }
   };
 };
@@ -617,18 +615,16 @@ struct Add {
 // Concat<Axis, Branches...>: the branches on the same input, their outputs joined along Axis (PyTorch's dim: 0 is the
 // batch, 1 the first dimension of a sample, such as the channels of an image).
 template <int Axis, class... Branches>
-struct Concat {
+struct Concat : block_detail::block_layer {
   static_assert(sizeof...(Branches) > 0, "kiln::Concat: expected at least one branch");
   static_assert(Axis >= 1, "kiln::Concat: Axis counts the batch as 0 (PyTorch's dim); join along a sample's "
                            "dimension, 1 or more");
   static constexpr const char* name = "Concat";
-  static constexpr bool is_activation = false;
-  template <class In>
-  static constexpr bool accepts = true;
   static constexpr const char* requirement = "what every branch accepts";
 
   template <class In>
-  struct bind {
+  struct bind : block_detail::branch_members<typename block_detail::branches_of<In, Branches...>::table,
+                                             block_detail::numbered_prefixes<sizeof...(Branches)>> {
     using of = block_detail::branches_of<In, Branches...>;
     using branches = typename of::table;
     using first = typename of::first;
@@ -655,20 +651,9 @@ struct Concat {
     // Values per row of the [outer, extent, inner] view that branch I fills.
     template <std::size_t I>
     static constexpr index_t width = branch_output<I>::extents[std::size_t(axis)] * inner;
-    static constexpr index_t param_count = branches::table.param[count];
-    static constexpr index_t buffer_count = branches::table.buffer[count];
-    static constexpr std::uint64_t init_stream_count = branches::table.stream[count];
-    static constexpr index_t own_scratch = branches::table.scratch[count];
+    static constexpr index_t own_scratch = bind::branch_scratch;
     // The branches' scratch, then each branch's share of dy, and one input gradient.
     static constexpr index_t scratch_per_sample = own_scratch + output::size + In::size;
-    static constexpr bool aliases_input = false;
-    static_assert(!branches::any_draws,
-                  "kiln::Concat: layers that draw at run time (Dropout) are not supported in a block yet");
-
-    template <class T>
-    static void init(T* params, random_generator& rng) { branches::init(params, rng); }
-    template <class T>
-    static void init_buffers(T* buffers) { branches::init_buffers(buffers); }
     template <class Policy, class T>
     static void forward(const T* params, T* buffers, const T* x, T* y, T* scratch, const layer_context& ctx,
                         bool fuse) {
@@ -699,8 +684,6 @@ struct Concat {
       }(std::make_index_sequence<count>{});
       of::template backward<Policy>(params, x, dys, dx, shares + n * output::size, dparams, scratch, ctx);
     }
-    static std::vector<static_parameter_info> parameter_tensors() { return branches::tensors(false, of::prefixes()); }
-    static std::vector<static_parameter_info> buffer_tensors() { return branches::tensors(true, of::prefixes()); }
     static std::string description() { return "Concat(dim=" + std::to_string(Axis) + "; " + of::description() + ")"; }
   };
 };
