@@ -14,7 +14,7 @@
 // same kernels on the same numbers, so anything else is a bug. On mnist_mlp a data loader assembles each batch right
 // before its step and the two are timed apart, as the peers (bench/peers) time their index_select and step.
 //
-//   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|mnist_cnn|lstm|all] [--reps 5]
+//   ladder [--threads N] [--workload seed_regression|mnist_mlp|wide_mlp|tiny_op|mnist_cnn|lstm|resnet|all] [--reps 5]
 //          [--data DIR] [--quick] [--batches-ready] [--precision single|bf16x3|bf16]
 // --precision bf16: every rung's products take bfloat16 operands (kernels::cpu::set_default_product_precision);
 // bf16x3: each operand as two bfloat16 values.
@@ -452,6 +452,36 @@ int main(int argc, char** argv) try {
         b, loss::cross_entropy{}, keep);
     ok &= run_workload("lstm", rungs, b, quick ? 10 : 40, reps, threads,
                        "sequential MNIST rows, LSTM(128) final state - Dense 10, batch 64, CE, Adam");
+  }
+  if (only == "all" || only == "resnet") {
+    // examples/resnet_fashion's network (bench::resnet_net: a stem, three stages of two residual blocks with
+    // BatchNorm, global average pooling, Dense 10) on the first 32 batches of a seeded epoch of Fashion-MNIST, as
+    // 1 x 28 x 28 images normalised with its mean and deviation, without the example's augmentation.
+    auto dir = data::find_data_dir("fashion-mnist", flags.get("--data", ""));
+    const auto fashion = data::load_mnist(
+        dir, data::split::train, {.scale = true, .mean = data::fashion_mnist_mean, .std = data::fashion_mnist_std});
+    std::vector<Tensor<float>> images;
+    std::vector<Tensor<std::int64_t>> labels;
+    data::data_loader loader(fashion, mnist_order);
+    for (const auto& batch : loader.epoch(0)) {
+      if (images.size() == 32) break;
+      images.emplace_back(batch.x);
+      images.back().reshape(shape{batch.x.extent(0), 1, 28, 28});
+      labels.emplace_back(batch.y);
+    }
+    batch_set<std::int64_t> b;
+    for (std::size_t i = 0; i < images.size(); ++i) {
+      b.x.push_back(images[i].view());
+      b.y.push_back(labels[i].view());
+      b.x_var.emplace_back(images[i]);
+    }
+    using Net = bench::resnet_net;
+    auto rungs = make_rungs<Net, std::int64_t>(
+        1, 64,
+        [] { return examples::dynamic_resnet(1); },
+        b, loss::cross_entropy{}, keep);
+    ok &= run_workload("resnet", rungs, b, quick ? 3 : 10, reps, threads,
+                       "ResNet 16-32-64, 2 blocks a stage, BatchNorm, batch 64 of Fashion-MNIST, CE, Adam");
   }
   nn::set_caching_allocator(true);
   return ok ? 0 : 1;

@@ -1,7 +1,8 @@
-// The static models of the ladder's MNIST workloads (bench/ladder.cpp), shared with bench/thread_scaling so that both
-// measure the same networks.
+// The static models of the ladder's MNIST and Fashion-MNIST workloads (bench/ladder.cpp), shared with
+// bench/thread_scaling so that both measure the same networks.
 #pragma once
 
+#include "../examples/resnet_net.hpp"
 #include "kiln/kiln.hpp"
 
 namespace kiln::bench {
@@ -13,5 +14,8 @@ using mnist_cnn_net = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, R
                                  Flatten, Dense<128, ReLU>, Dense<10>>;
 // lstm: each image as 28 rows of 28 pixels into LSTM(128), its final hidden state into Dense 10.
 using lstm_net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
+
+// resnet: examples/resnet_fashion's network (examples/resnet_net.hpp).
+using resnet_net = examples::static_resnet<>;
 
 }  // namespace kiln::bench

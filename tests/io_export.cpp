@@ -1,6 +1,7 @@
 // Writes kiln models for the Python interop checks (tests/onnx_check.py, tests/torch_check.py): for each model
 // <dir>/<name>.onnx or <name>.safetensors, with <name>.input.bin and <name>.output.bin (raw little-endian float32:
-// an input batch and kiln's outputs for it, in evaluation mode). Models with batch norm or layer norm are trained a
+// an input batch and kiln's outputs for it, in evaluation mode); beside each ONNX model its state_dict as
+// <name>.safetensors, whose names the ONNX initializers must carry. Models with batch norm or layer norm are trained a
 // few steps first, so that their running statistics and affine parameters are not the initial ones; recurrent models
 // keep their random initialisation or are trained likewise. A time-major model's input is (seq, batch, features).
 //   io_export onnx|safetensors <dir>
@@ -61,6 +62,7 @@ template <class Net>
 void static_case(const fs::path& dir, const std::string& name, Net& net, shape in, io::onnx_options options = {}) {
   auto x = random_input(in, 5);
   io::export_onnx(net, dir / (name + ".onnx"), options);
+  io::save_weights(net, dir / (name + ".safetensors"));
   write_floats(dir / (name + ".input.bin"), x);
   write_floats(dir / (name + ".output.bin"), net.predict(x));
   std::printf("wrote %s\n", name.c_str());
@@ -68,6 +70,7 @@ void static_case(const fs::path& dir, const std::string& name, Net& net, shape i
 void dynamic_case(const fs::path& dir, const std::string& name, nn::Module& model, shape in, io::onnx_options options) {
   auto x = random_input(in, 6);
   io::export_onnx(model, dir / (name + ".onnx"), options);
+  io::save_weights(model, dir / (name + ".safetensors"));
   nn::no_grad guard;
   model.eval();
   write_floats(dir / (name + ".input.bin"), x);
@@ -272,6 +275,83 @@ int main(int argc, char** argv) try {
                                              nn::Linear(3, 2));
     dynamic_case(dir, "dynamic_rnn_time_major_flatten", time_major_flatten, shape{5, 4, 3, 4},
                  {.input_shape = {5, -1, 3, 4}});
+
+    // Blocks (static/blocks.hpp, dynamic/modules/blocks.hpp). A residual MLP, y = x + f(x) inside a model: 12 -> 16
+    // -> 16 -> 5.
+    using residual_mlp = Sequential<policy::cpu, Input<3, 4>, Flatten, Dense<16, ReLU>,
+                                    Residual<Dense<16, ReLU>, Dense<16>>, ReLU, Dense<5>>;
+    residual_mlp rm(8, 31);
+    train_static(rm, shape{8, 3, 4}, 5);
+    static_case(dir, "static_block_residual_mlp", rm, shape{6, 3, 4});
+    manual_seed(31);
+    auto dyn_rm = nn::Sequential(nn::Flatten(), nn::Linear(12, 16), nn::ReLU(),
+                                 nn::Residual(nn::Sequential(nn::Linear(16, 16), nn::ReLU(), nn::Linear(16, 16))),
+                                 nn::ReLU(), nn::Linear(16, 5));
+    train_dynamic(dyn_rm, shape{8, 3, 4}, 5);
+    dynamic_case(dir, "dynamic_block_residual_mlp", dyn_rm, shape{6, 3, 4}, {.input_shape = {3, 4}});
+
+    // With a Dense shortcut for a change of width (12 -> 8; a GELU, decomposed below opset 20, in the body), then a
+    // Residual nested in a Chain (dynamic mode: an nn::Sequential; its shortcut a bare Linear, "0.shortcut.weight").
+    using shortcut_mlp = Sequential<policy::cpu, Input<12>, Residual<Shortcut<Dense<8>>, Dense<8, GELU>, Dense<8>>,
+                                    Tanh, Chain<Residual<Dense<8, ReLU>, Dense<8>>, ReLU>, Dense<3>, LogSoftmax<1>>;
+    shortcut_mlp sm(8, 32);
+    train_static(sm, shape{8, 12}, 3);
+    static_case(dir, "static_block_residual_mlp_shortcut", sm, shape{6, 12});
+    static_case(dir, "static_block_residual_mlp_shortcut_opset20", sm, shape{6, 12}, {.opset = 20});
+    manual_seed(32);
+    auto dyn_sm = nn::Sequential(
+        nn::Residual(nn::Sequential(nn::Linear(12, 8), nn::GELU(), nn::Linear(8, 8)), nn::Linear(12, 8)), nn::Tanh(),
+        nn::Sequential(nn::Residual(nn::Sequential(nn::Linear(8, 8), nn::ReLU(), nn::Linear(8, 8))), nn::ReLU()),
+        nn::Linear(8, 3), nn::LogSoftmax(1));
+    train_dynamic(dyn_sm, shape{8, 12}, 3);
+    dynamic_case(dir, "dynamic_block_residual_mlp_shortcut", dyn_sm, shape{6, 12}, {.input_shape = {12}});
+
+    // ResNet's downsampling block: 8x8x8 -> 16x4x4 through Conv2D (stride 2) + BatchNorm2d + ReLU + Conv2D +
+    // BatchNorm2d, added to a strided 1x1 Conv2D + BatchNorm2d shortcut; trained first, so that the running statistics
+    // the graph reads (evaluation mode) are not the initial ones.
+    constexpr conv_options pad1{.padding = 1}, down{.stride = 2, .padding = 1}, stride2{.stride = 2};
+    using resnet = Sequential<policy::cpu, Input<3, 8, 8>, Conv2D<8, 3, pad1>, BatchNorm2d<>, ReLU,
+                              Residual<Shortcut<Conv2D<16, 1, stride2>, BatchNorm2d<>>, Conv2D<16, 3, down>,
+                                       BatchNorm2d<>, ReLU, Conv2D<16, 3, pad1>, BatchNorm2d<>>,
+                              ReLU, GlobalAvgPool2D, Dense<4>>;
+    resnet rn(8, 33);
+    train_static(rn, shape{8, 3, 8, 8}, 4);
+    static_case(dir, "static_block_resnet", rn, shape{5, 3, 8, 8});
+    manual_seed(33);
+    auto dyn_rn = nn::Sequential(
+        nn::Conv2d(3, 8, 3, 1, 1), nn::BatchNorm2d(8), nn::ReLU(),
+        nn::Residual(nn::Sequential(nn::Conv2d(8, 16, 3, 2, 1), nn::BatchNorm2d(16), nn::ReLU(),
+                                    nn::Conv2d(16, 16, 3, 1, 1), nn::BatchNorm2d(16)),
+                     nn::Sequential(nn::Conv2d(8, 16, 1, 2), nn::BatchNorm2d(16))),
+        nn::ReLU(), nn::GlobalAvgPool2d(), nn::Linear(16, 4));
+    train_dynamic(dyn_rn, shape{8, 3, 8, 8}, 4);
+    dynamic_case(dir, "dynamic_block_resnet", dyn_rn, shape{5, 3, 8, 8}, {.input_shape = {3, 8, 8}});
+
+    // Joins: a Concat along the channels (4 + 2 of them) of a Chain holding a Residual and a 1x1 Conv2D; an Add of a
+    // Residual, a Chain with a BatchNorm2d and a ReLU (three terms, summed in order); then, flat, a Concat along the
+    // features (dynamic mode: dim -1) of a Dense and a Chain. 3x8x8 -> 6x8x8 -> 6x8x8 -> 6x4x4 -> 96 -> 4 + 2 -> 3.
+    using joins = Sequential<policy::cpu, Input<3, 8, 8>,
+                             Concat<1, Chain<Conv2D<4, 3, pad1>, ReLU, Residual<Conv2D<4, 3, pad1>, BatchNorm2d<>>>,
+                                    Conv2D<2, 1>>,
+                             Add<Residual<Conv2D<6, 3, pad1>, Tanh>, Chain<Conv2D<6, 1>, BatchNorm2d<>>, ReLU>,
+                             MaxPool2D<2>, Flatten, Concat<1, Dense<4>, Chain<Dense<3, ReLU>, Dense<2>>>, Dense<3>>;
+    joins j(8, 34);
+    train_static(j, shape{8, 3, 8, 8}, 3);
+    static_case(dir, "static_block_concat_add", j, shape{5, 3, 8, 8});
+    static_case(dir, "static_block_concat_add_opset13", j, shape{5, 3, 8, 8}, {.opset = 13});
+    manual_seed(34);
+    auto dyn_j = nn::Sequential(
+        nn::Concat(1,
+                   nn::Sequential(nn::Conv2d(3, 4, 3, 1, 1), nn::ReLU(),
+                                  nn::Residual(nn::Sequential(nn::Conv2d(4, 4, 3, 1, 1), nn::BatchNorm2d(4)))),
+                   nn::Conv2d(3, 2, 1)),
+        nn::Add(nn::Residual(nn::Sequential(nn::Conv2d(6, 6, 3, 1, 1), nn::Tanh())),
+                nn::Sequential(nn::Conv2d(6, 6, 1), nn::BatchNorm2d(6)), nn::ReLU()),
+        nn::MaxPool2d(2), nn::Flatten(),
+        nn::Concat(-1, nn::Linear(96, 4), nn::Sequential(nn::Linear(96, 3), nn::ReLU(), nn::Linear(3, 2))),
+        nn::Linear(6, 3));
+    train_dynamic(dyn_j, shape{8, 3, 8, 8}, 3);
+    dynamic_case(dir, "dynamic_block_concat_add", dyn_j, shape{5, 3, 8, 8}, {.input_shape = {3, 8, 8}});
   } else if (what == "safetensors") {
     using mlp = Sequential<policy::cpu, Input<3, 4>, Flatten, Dense<8, ReLU>, Dense<5>>;
     mlp net(8, 21);

@@ -128,6 +128,23 @@ TEST_CASE("a convolutional residual block with BatchNorm and a strided shortcut 
   check_twins(net, model, 4, 10);
 }
 
+TEST_CASE("Dropout inside blocks draws as in its dynamic twin") {
+  // Generators in module order: the body's Dropout, the shortcut's, then the Add's branches in order.
+  using Block = Residual<Shortcut<Dense<12>, Dropout<0.3>>, Dense<12, ReLU>, Dropout<0.5>, Dense<12>>;
+  using Net = Sequential<policy::cpu, Input<8>, Dropout<0.1>, Block, Add<Chain<Dropout<0.2>, Dense<5>>, Dense<5, Tanh>>,
+                         Dense<3>>;
+  static_assert(Net::plan::runtime_generator_count == 4);
+  Net net(6, 11);
+  manual_seed(11);
+  auto model = nn::Sequential(
+      nn::Dropout(0.1),
+      nn::Residual(nn::Sequential(nn::Linear(8, 12), nn::ReLU(), nn::Dropout(0.5), nn::Linear(12, 12)),
+                   nn::Sequential(nn::Linear(8, 12), nn::Dropout(0.3))),
+      nn::Add(nn::Sequential(nn::Dropout(0.2), nn::Linear(12, 5)), nn::Sequential(nn::Linear(12, 5), nn::Tanh())),
+      nn::Linear(5, 3));
+  check_twins(net, model, 6);
+}
+
 TEST_CASE("a static step through blocks allocates nothing") {
   using Net = Sequential<policy::cpu, Input<8>, Residual<Dense<8, ReLU>, Dense<8>>,
                          Concat<1, Dense<4>, Add<Dense<4>, Dense<4>>>, Dense<2>>;

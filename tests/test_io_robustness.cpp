@@ -583,6 +583,86 @@ TEST_CASE("export_onnx: recurrent layers that do not fit their input raise kiln:
   check_refused(cases, {13, 20});
 }
 
+TEST_CASE("export_onnx: blocks that cannot be written raise kiln::error naming the block and where it sits") {
+  const bad_export_case cases[] = {
+      {"a residual body that changes the shape", nn::Sequential(nn::Residual(nn::Linear(4, 3))), {4},
+       "Residual expects the body to give the shape of the input, found [N, 3] and [N, 4]",
+       "(at Sequential[0] Residual()"},
+      {"a shortcut that changes it otherwise",
+       nn::Sequential(nn::Linear(4, 4), nn::Residual(nn::Linear(4, 3), nn::Linear(4, 2))), {4},
+       "Residual expects the body to give the shape of the shortcut, found [N, 3] and [N, 2]",
+       "(at Sequential[1] Residual()"},
+      {"branches that do not broadcast", nn::Sequential(nn::Add(nn::Linear(4, 3), nn::Linear(4, 3), nn::Linear(4, 2))),
+       {4},
+       "Add expects branch 2 to give the shape of the branches before it (or one of its rank that broadcasts with "
+       "it), found [N, 2] and [N, 3]",
+       "(at Sequential[0] Add()"},
+      {"a concat along the batch", nn::Sequential(nn::Concat(0, nn::Linear(4, 4), nn::Linear(4, 4))), {4},
+       "Concat along dim 0 would join branch 0 of shape [N, 4] along its batch dimension, which is not exported",
+       "(at Sequential[0] Concat(dim=0)"},
+      {"a concat along a time-major batch", nn::Sequential(nn::GRU(4, 5), nn::Concat(-2, nn::ReLU(), nn::Tanh())),
+       {6, -1, 4}, "Concat along dim -2 would join branch 0 of shape [6, N, 5] along its batch dimension",
+       "(at Sequential[1] Concat(dim=-2)"},
+      {"a concat along a dim the value lacks", nn::Sequential(nn::Concat(2, nn::Linear(4, 4), nn::Linear(4, 4))), {4},
+       "Concat along dim 2 expects a value of rank > 2, found branch 0 of shape [N, 4]", "Sequential[0] Concat"},
+      {"branches that disagree outside the dim",
+       nn::Sequential(nn::Concat(1, nn::Conv2d(1, 2, 3), nn::Conv2d(1, 2, 1))), {1, 5, 5},
+       "Concat along dim 1 expects branch 0 and branch 1 to agree outside dim 1, found [N, 2, 3, 3] and "
+       "[N, 2, 5, 5]",
+       "(at Sequential[0] Concat(dim=1)"},
+      {"a layer inside a block that does not fit", nn::Sequential(nn::Concat(1, nn::Linear(4, 2), nn::Conv2d(4, 2, 1))),
+       {4}, "Conv2d expects input of shape [N, channels, height, width], found a value of shape [N, 4]",
+       "(at Sequential[0][1] Conv2d(4, 2"},
+  };
+  check_refused(cases, {13, 17});
+}
+
+TEST_CASE("export_onnx: blocks are written alike in both modes, their weights under the state_dict's names") {
+  // A ResNet downsampling block, then a Concat of a Chain and an Add holding a Residual (8 + 4 channels), nested as
+  // deep as names go: "1.1.0.0.0.body.0.weight".
+  using net_type =
+      Sequential<policy::cpu, Input<3, 6, 6>,
+                 Residual<Shortcut<Conv2D<4, 1, conv_options{.stride = 2}>, BatchNorm2d<>>,
+                          Conv2D<4, 3, conv_options{.stride = 2, .padding = 1}>, BatchNorm2d<>, ReLU,
+                          Conv2D<4, 3, conv_options{.padding = 1}>, BatchNorm2d<>>,
+                 Concat<1, Chain<Conv2D<8, 1>, ReLU>,
+                        Add<Residual<Conv2D<4, 3, conv_options{.padding = 1}>>, Conv2D<4, 1>>>,
+                 Flatten, Dense<5, Tanh>, Dense<2>>;
+  net_type net(2, 3);
+  nn::Sequential model(
+      nn::Residual(nn::Sequential(nn::Conv2d(3, 4, 3, 2, 1), nn::BatchNorm2d(4), nn::ReLU(), nn::Conv2d(4, 4, 3, 1, 1),
+                                  nn::BatchNorm2d(4)),
+                   nn::Sequential(nn::Conv2d(3, 4, 1, 2), nn::BatchNorm2d(4))),
+      nn::Concat(1, nn::Sequential(nn::Conv2d(4, 8, 1), nn::ReLU()),
+                 nn::Sequential(nn::Add(nn::Sequential(nn::Residual(nn::Sequential(nn::Conv2d(4, 4, 3, 1, 1)))),
+                                        nn::Sequential(nn::Conv2d(4, 4, 1))))),
+      nn::Flatten(), nn::Linear(12 * 3 * 3, 5), nn::Tanh(), nn::Linear(5, 2));
+  const auto dict = net.state_dict();
+  model.load_state_dict(dict);
+  for (int opset : {13, 17}) {
+    CAPTURE(opset);
+    const std::string bytes = io::onnx_model_bytes(net, {.opset = opset});
+    CHECK(bytes == io::onnx_model_bytes(model, {.opset = opset, .input_shape = {3, 6, 6}}));
+    const auto g = read_graph(bytes);
+    check_well_formed(g);
+    CHECK(g.output_dims == std::vector<std::string>{"N", "2"});
+    // Every tensor inference reads is an initializer under its state_dict name, holding its values.
+    for (const auto& [name, tensor] : dict) {
+      CAPTURE(name);
+      const auto at = std::find(g.initializers.begin(), g.initializers.end(), name);
+      if (name.ends_with("num_batches_tracked")) {
+        CHECK(at == g.initializers.end());
+        continue;
+      }
+      REQUIRE(at != g.initializers.end());
+      const std::string& data = g.initializer_data.at(static_cast<std::size_t>(at - g.initializers.begin()));
+      CHECK(data == std::string(reinterpret_cast<const char*>(tensor.data()),
+                                static_cast<std::size_t>(tensor.numel()) * sizeof(float)));
+    }
+    CHECK(std::count(g.initializers.begin(), g.initializers.end(), "1.1.0.0.0.body.0.weight") == 1);
+  }
+}
+
 TEST_CASE("export_onnx: recurrent graphs are the same in both modes, well formed, and time-major where kiln is") {
   // The same weights in both modes: the same bytes, for each output view, with stacking, both directions and no bias.
   auto same_bytes = [](auto net, nn::Sequential model, std::vector<index_t> input) {
@@ -653,6 +733,13 @@ TEST_CASE("export_onnx: a module without an export is named with where it sits; 
                        doctest::Contains("export_onnx: Sequential[1][1] Unknown() has no ONNX export"), error);
   CHECK_THROWS_WITH_AS(io::onnx_model_bytes(model, {.input_shape = {2, 3}}),
                        doctest::Contains("has no ONNX export (exported: Sequential, Linear,"), error);
+  // Inside blocks: a branch of an Add, a residual body.
+  nn::Sequential in_branch(nn::Add(nn::Linear(3, 3), nn::Sequential(nn::ReLU(), unknown())));
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(in_branch, {.input_shape = {3}}),
+                       doctest::Contains("export_onnx: Sequential[0][1][1] Unknown() has no ONNX export"), error);
+  nn::Sequential in_body(nn::Linear(3, 3), nn::Residual(unknown()));
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(in_body, {.input_shape = {3}}),
+                       doctest::Contains("export_onnx: Sequential[1].body Unknown() has no ONNX export"), error);
   auto path = temp_dir("onnx_failed") / "model.onnx";
   write_bytes(path, "previous");
   nn::Sequential cnn(nn::Conv2d(3, 4, 3), nn::ReLU());
@@ -715,14 +802,22 @@ TEST_CASE("export_onnx: the graph is the evaluation-mode model whatever its mode
   model.eval();
   CHECK(io::onnx_model_bytes(model, {.input_shape = {2, 6, 6}}) == dynamic_training);
 
-  // The same weights without the Dropout layers: the same bytes.
+  // The same weights without the Dropout layers: the same nodes and weights, the weights named by their state_dict
+  // ("1.weight" with the Dropout before, "0.weight" without).
+  auto same_but_names = [](const std::string& with_dropout, const std::string& without_dropout) {
+    const auto w = read_graph(with_dropout), wo = read_graph(without_dropout);
+    CHECK(w.node_outputs == wo.node_outputs);
+    CHECK(w.initializer_data == wo.initializer_data);
+    CHECK(w.initializers == std::vector<std::string>{"1.bias", "1.weight"});
+    CHECK(wo.initializers == std::vector<std::string>{"0.bias", "0.weight"});
+  };
   Sequential<policy::cpu, Input<4>, Dropout<0.3>, Dense<2>, Dropout<0.1>> with(2, 7);
   Sequential<policy::cpu, Input<4>, Dense<2>> without(2, 7);
-  CHECK(io::onnx_model_bytes(with) == io::onnx_model_bytes(without));
+  same_but_names(io::onnx_model_bytes(with), io::onnx_model_bytes(without));
   manual_seed(8);
   nn::Sequential dynamic_with(nn::Dropout(0.3f), nn::Linear(4, 2), nn::Dropout(0.1f));
   manual_seed(8);
   nn::Sequential dynamic_without(nn::Linear(4, 2));
-  CHECK(io::onnx_model_bytes(dynamic_with, {.input_shape = {4}}) ==
-        io::onnx_model_bytes(dynamic_without, {.input_shape = {4}}));
+  same_but_names(io::onnx_model_bytes(dynamic_with, {.input_shape = {4}}),
+                 io::onnx_model_bytes(dynamic_without, {.input_shape = {4}}));
 }

@@ -5,9 +5,9 @@ splitmix64(s * 2**32 + i); uniform u = (z >> 11) * 2**-53; normal k uses element
 sqrt(-2 ln(1-u1)) cos(2 pi u2)). Every peer therefore trains on the same data from the same initial weights:
 Linear(in, out) weights (PyTorch layout [out, in]) and bias are U(-1/sqrt(in), 1/sqrt(in)), which is exactly the
 range of PyTorch's default init (Kaiming-uniform a=sqrt(5)); only the random stream differs from torch's own.
-mnist_cnn and lstm (init_tensors) fill each parameter tensor the same way, in PyTorch's layout and parameters()
-order, with PyTorch's default ranges: U(+-1/sqrt(fan_in)) for Conv2d (fan_in = in_channels * 3 * 3) and Linear,
-U(+-1/sqrt(hidden)) for every LSTM tensor.
+mnist_cnn, lstm and resnet (init_tensors) fill each parameter tensor the same way, in PyTorch's layout and
+parameters() order, with PyTorch's default ranges: U(+-1/sqrt(fan_in)) for Conv2d (fan_in = in_channels * k * k) and
+Linear, U(+-1/sqrt(hidden)) for every LSTM tensor; a BatchNorm's weight is 1 and its bias 0, as PyTorch's.
 """
 import argparse
 import gzip
@@ -23,13 +23,26 @@ S_WIDE_X, S_WIDE_Y = 3, 4
 S_TINY_X = 5
 S_SHUFFLE = 6
 S_LAYER0 = 100  # layer k: weight stream 100 + 2k, bias stream 101 + 2k (mnist_cnn, lstm: tensor k: 100 + k); + offset
-WORKLOAD_OFFSET = {"seed_regression": 0, "mnist_mlp": 10, "wide_mlp": 20, "tiny_op": 30, "mnist_cnn": 40, "lstm": 50}
+WORKLOAD_OFFSET = {"seed_regression": 0, "mnist_mlp": 10, "wide_mlp": 20, "tiny_op": 30, "mnist_cnn": 40, "lstm": 50,
+                   "resnet": 60}
 
-WORKLOADS = ["seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm"]
-# mnist_cnn and lstm train, as bench/ladder does, on the first BATCHES[w] batches of 64 of one seeded epoch, cycling.
-BATCHES = {"mnist_cnn": 32, "lstm": 64}
+WORKLOADS = ["seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm", "resnet"]
+# mnist_cnn, lstm and resnet train, as bench/ladder does, on the first BATCHES[w] batches of 64 of one seeded epoch,
+# cycling.
+BATCHES = {"mnist_cnn": 32, "lstm": 64, "resnet": 32}
 BATCH_SIZE = 64
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # the normalisation of bench/ladder's MNIST workloads
+FASHION_MEAN, FASHION_STD = 0.2860, 0.3530  # and of its Fashion-MNIST workload (resnet)
+# resnet's residual blocks after the stem: (channels, stride), two a stage; a block that changes the shape has a
+# shortcut of a 1x1 convolution with its stride and a BatchNorm.
+RESNET_BLOCKS = [(16, 1), (16, 1), (32, 2), (32, 1), (64, 2), (64, 1)]
+
+
+def dataset_of(workload):
+    """The data set a workload trains on: its subfolder of the data directory and its normalisation."""
+    if workload == "resnet":
+        return "fashion-mnist", FASHION_MEAN, FASHION_STD
+    return "mnist", MNIST_MEAN, MNIST_STD
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -123,8 +136,34 @@ def init_params(workload):
     return [linear_init(workload, k, sz[k], sz[k + 1]) for k in range(len(sz) - 1)]
 
 
+def resnet_param_shapes():
+    """resnet: [(shape, bound)] per parameter tensor in parameters() order, the bound "ones" or "zeros" for a
+    BatchNorm's weight and bias: the stem's Conv2d(1, 16, 3) and BatchNorm2d(16); per block the body's two 3x3
+    convolutions and BatchNorms, then the shortcut's 1x1 convolution and BatchNorm where it has one; Linear(64, 10)."""
+    shapes = []
+
+    def conv(cin, cout, k):
+        shapes.append(((cout, cin, k, k), 1.0 / np.sqrt(cin * k * k)))
+
+    def bn(c):
+        shapes.extend([((c,), "ones"), ((c,), "zeros")])
+    conv(1, 16, 3)
+    bn(16)
+    cin = 16
+    for cout, stride in RESNET_BLOCKS:
+        conv(cin, cout, 3)
+        bn(cout)
+        conv(cout, cout, 3)
+        bn(cout)
+        if stride != 1 or cin != cout:
+            conv(cin, cout, 1)
+            bn(cout)
+        cin = cout
+    return shapes + [((10, 64), 1.0 / np.sqrt(64)), ((10,), 1.0 / np.sqrt(64))]
+
+
 def param_shapes(workload):
-    """mnist_cnn / lstm: [(shape, bound)] per parameter tensor, in PyTorch's layout and parameters() order."""
+    """mnist_cnn / lstm / resnet: [(shape, bound)] per parameter tensor, in PyTorch's layout and parameters() order."""
     if workload == "mnist_cnn":  # Conv2d(1,32,3) Conv2d(32,64,3) Linear(9216,128) Linear(128,10), weight then bias
         layers = [((32, 1, 3, 3), 9), ((64, 32, 3, 3), 32 * 9), ((128, 9216), 9216), ((10, 128), 128)]
         return [t for shape, fan_in in layers
@@ -132,21 +171,28 @@ def param_shapes(workload):
     if workload == "lstm":  # LSTM(28, 128): weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0; Linear(128, 10)
         b = 1.0 / np.sqrt(128)
         return [((512, 28), b), ((512, 128), b), ((512,), b), ((512,), b), ((10, 128), b), ((10,), b)]
+    if workload == "resnet":
+        return resnet_param_shapes()
     raise ValueError(workload)
 
 
 def init_tensors(workload):
-    """mnist_cnn / lstm initial parameters: tensor k is U(+-bound) from stream S_LAYER0 + offset + k."""
+    """mnist_cnn / lstm / resnet initial parameters: tensor k is U(+-bound) from stream S_LAYER0 + offset + k, or
+    all ones or zeros (a BatchNorm's)."""
     out = []
     for k, (shape, bound) in enumerate(param_shapes(workload)):
+        if isinstance(bound, str):
+            out.append((np.ones if bound == "ones" else np.zeros)(shape, np.float32))
+            continue
         u = uniform(S_LAYER0 + WORKLOAD_OFFSET[workload] + k, int(np.prod(shape)))
         out.append(((2.0 * u - 1.0) * bound).astype(np.float32).reshape(shape))
     return out
 
 
-def normalise_mnist(images):
-    """uint8 [n, 784] -> float32 scaled to [0, 1], then (x - 0.1307) / 0.3081, as bench/ladder's MNIST workloads."""
-    return (images.astype(np.float32) / np.float32(255.0) - np.float32(MNIST_MEAN)) / np.float32(MNIST_STD)
+def normalise_mnist(images, mean=MNIST_MEAN, std=MNIST_STD):
+    """uint8 [n, 784] -> float32 scaled to [0, 1], then (x - mean) / std (MNIST's 0.1307 and 0.3081 unless given), as
+    bench/ladder's MNIST and Fashion-MNIST workloads."""
+    return (images.astype(np.float32) / np.float32(255.0) - np.float32(mean)) / np.float32(std)
 
 
 def regression_data():
@@ -169,7 +215,9 @@ def permutation(n, seed_stream=S_SHUFFLE):
 
 
 # ---------------------------------------------------------------- MNIST
-def find_data(explicit=None):
+def find_data(explicit=None, subdir="mnist"):
+    """The folder with the IDX files of MNIST (subdir "mnist") or Fashion-MNIST ("fashion-mnist"): a candidate's
+    subfolder of that name, or for MNIST the candidate itself, or one of the other data set when it is named so."""
     here = os.path.dirname(os.path.abspath(__file__))
     cands = []
     if explicit:
@@ -179,15 +227,18 @@ def find_data(explicit=None):
     cands += ["./data", "../shared/data", "/work/shared/data",
               os.path.join(here, "..", "..", "data"), os.path.join(here, "..", "..", "..", "shared", "data")]
     for c in cands:
-        for d in (os.path.join(c, "mnist"), c):
+        for d in (os.path.join(c, subdir), c):
+            if d == c and subdir != "mnist" and os.path.basename(os.path.normpath(c)) != subdir:
+                continue  # a folder of MNIST's files is no Fashion-MNIST
             if os.path.exists(os.path.join(d, "train-images-idx3-ubyte.gz")):
                 return d
-    raise SystemExit("MNIST not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data)")
+    raise SystemExit("%s not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data, each with a "
+                     "%s/ subfolder)" % ("MNIST" if subdir == "mnist" else "Fashion-MNIST", subdir))
 
 
-def load_mnist(explicit=None):
-    """Train set: uint8 images [60000, 784], int64 labels [60000]."""
-    d = find_data(explicit)
+def load_mnist(explicit=None, subdir="mnist"):
+    """Train set: uint8 images [60000, 784], int64 labels [60000] (of Fashion-MNIST with subdir "fashion-mnist")."""
+    d = find_data(explicit, subdir)
     with gzip.open(os.path.join(d, "train-images-idx3-ubyte.gz")) as f:
         raw = f.read()
     magic, n, r, c = (int.from_bytes(raw[i:i + 4], "big") for i in range(0, 16, 4))
@@ -228,18 +279,18 @@ def reason_of(e):
 
 
 def default_steps(workload, quick):
-    """Timed steps per repetition; mnist_cnn and lstm as bench/ladder times them."""
+    """Timed steps per repetition; mnist_cnn, lstm and resnet as bench/ladder times them."""
     return {"seed_regression": 200, "wide_mlp": 10 if quick else 20, "tiny_op": 2000 if quick else 10000,
-            "mnist_cnn": 3 if quick else 10, "lstm": 10 if quick else 40}.get(workload, 0)
+            "mnist_cnn": 3 if quick else 10, "lstm": 10 if quick else 40, "resnet": 3 if quick else 10}.get(workload, 0)
 
 
 def warmup_steps(steps):
-    """Untimed steps before the repetitions of mnist_cnn and lstm: min(steps, 20), as bench/ladder."""
+    """Untimed steps before the repetitions of mnist_cnn, lstm and resnet: min(steps, 20), as bench/ladder."""
     return min(steps, 20)
 
 
 class CycledTiming:
-    """mnist_cnn / lstm timing, as bench/ladder times them: step(x, y) on batch(0) (the first step, compilation
+    """mnist_cnn / lstm / resnet timing, as bench/ladder times them: step(x, y) on batch(0) (the first step, compilation
     included, reported apart as `first`), warmup_steps untimed steps, then `reps` repetitions of `steps` steps over
     batches 0..nb-1 cycled. `times` holds each repetition's mean step time and `data_us` each batch's assembly time
     (timed apart), both in microseconds; `last` the last step's return value."""

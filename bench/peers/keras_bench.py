@@ -66,12 +66,54 @@ def build(workload):
     return model
 
 
+def build_resnet(t):
+    """resnet (torch_bench.resnet), channels_last, carrying common.init_tensors' weights: each convolution's
+    [out, in, kh, kw] as Keras' [kh, kw, in, out], BatchNormalization with PyTorch's eps 1e-5 and momentum 0.1 (Keras'
+    0.9) and its initial weight 1 and bias 0 (Keras' defaults, as init_tensors gives them). A 3x3 convolution with
+    stride 2 is ZeroPadding2D(1) and a "valid" one, as PyTorch's padding 1: Keras' "same" would pad only the bottom
+    and right there, which computes another function."""
+    L = keras.layers
+    params = iter(t)
+    convs = []
+
+    def conv(x, filters, k, stride):
+        if k == 3 and stride != 1:
+            x = L.ZeroPadding2D(1)(x)
+        layer = L.Conv2D(filters, k, strides=stride, padding="same" if k == 3 and stride == 1 else "valid",
+                         use_bias=False)
+        convs.append((layer, next(params)))
+        return layer(x)
+
+    def bn(x):
+        next(params), next(params)  # the BatchNorm's weight (1) and bias (0): Keras' initial gamma and beta
+        return L.BatchNormalization(momentum=0.9, epsilon=1e-5)(x)
+    inputs = keras.Input((28, 28, 1))
+    x = L.ReLU()(bn(conv(inputs, 16, 3, 1)))
+    cin = 16
+    for cout, stride in C.RESNET_BLOCKS:
+        y = bn(conv(L.ReLU()(bn(conv(x, cout, 3, stride))), cout, 3, 1))
+        if stride != 1 or cin != cout:
+            x = bn(conv(x, cout, 1, stride))
+        x = L.ReLU()(L.Add()([y, x]))
+        cin = cout
+    dense = L.Dense(10)
+    outputs = dense(L.GlobalAveragePooling2D()(x))
+    model = keras.Model(inputs, outputs)
+    for layer, w in convs:
+        layer.set_weights([w.transpose(2, 3, 1, 0)])
+    dense.set_weights([next(params).T, next(params)])
+    return model
+
+
 def build_net(workload):
-    """mnist_cnn / lstm carrying common.init_tensors' weights (PyTorch's layouts and default ranges), converted.
-    mnist_cnn is channels_last, Keras' natural layout (input 28x28x1), so the first Dense takes the flattened
-    (h, w, c) features where PyTorch's takes (c, h, w): its rows are permuted to give the same function."""
+    """mnist_cnn / lstm / resnet carrying common.init_tensors' weights (PyTorch's layouts and default ranges),
+    converted. mnist_cnn and resnet are channels_last, Keras' natural layout (input 28x28x1), so mnist_cnn's first
+    Dense takes the flattened (h, w, c) features where PyTorch's takes (c, h, w): its rows are permuted to give the
+    same function."""
     t = C.init_tensors(workload)
     L = keras.layers
+    if workload == "resnet":
+        return build_resnet(t)
     if workload == "mnist_cnn":
         model = keras.Sequential([keras.Input((28, 28, 1)), L.Conv2D(32, 3, activation="relu"),
                                   L.Conv2D(64, 3, activation="relu"), L.MaxPooling2D(2), L.Flatten(),
@@ -93,11 +135,12 @@ def build_net(workload):
 
 
 def net_data(workload):
-    """The training set normalised as bench/ladder's and shaped for the workload (NHWC for mnist_cnn), labels,
-    and the seeded epoch order."""
-    images, labels = C.load_mnist(args.data)
-    shape = (28, 28, 1) if workload == "mnist_cnn" else (28, 28)
-    return C.normalise_mnist(images).reshape((-1,) + shape), labels, C.permutation(len(labels))
+    """The training set (Fashion-MNIST's for resnet) normalised as bench/ladder's and shaped for the workload (NHWC
+    for mnist_cnn and resnet), labels, and the seeded epoch order."""
+    subdir, mean, std = C.dataset_of(workload)
+    images, labels = C.load_mnist(args.data, subdir)
+    shape = (28, 28) if workload == "lstm" else (28, 28, 1)
+    return C.normalise_mnist(images, mean, std).reshape((-1,) + shape), labels, C.permutation(len(labels))
 
 
 def loss_for(workload):
@@ -171,7 +214,7 @@ def fit_mnist():
 
 
 def fit_batches(workload):
-    """mnist_cnn / lstm: one model.fit over the warm-up steps and then every repetition's `steps` steps (the
+    """mnist_cnn / lstm / resnet: one model.fit over the warm-up steps and then every repetition's `steps` steps (the
     ladder's batches: the first BATCHES[workload] of the seeded epoch, cycled), so fit's own setup and compilation
     fall on the first step only. A step is the interval between batch ends (data pipeline included, data_us=-1;
     the callback makes fit wait for each batch's loss); a repetition's time is the mean over its steps."""
@@ -301,7 +344,7 @@ def loop_mnist():
 
 
 def loop_batches(workload):
-    """mnist_cnn / lstm: the jitted step over the ladder's batches (numpy fancy-index batch, timed apart, and a
+    """mnist_cnn / lstm / resnet: the jitted step over the ladder's batches (numpy fancy-index batch, timed apart, and a
     per-step block_until_ready as in loop_mnist); warm-up, then repetitions of `steps` steps."""
     t0 = now()
     X, Y, perm = net_data(workload)

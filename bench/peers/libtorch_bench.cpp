@@ -42,7 +42,7 @@ torch::Tensor normal(uint64_t stream, int64_t rows, int64_t cols) {
 
 int workload_offset(const std::string& w) {
   return w == "seed_regression" ? 0 : w == "mnist_mlp" ? 10 : w == "wide_mlp" ? 20 : w == "tiny_op" ? 30
-         : w == "mnist_cnn" ? 40 : 50;
+         : w == "mnist_cnn" ? 40 : w == "lstm" ? 50 : 60;
 }
 
 std::vector<int64_t> layer_sizes(const std::string& w) {
@@ -74,14 +74,17 @@ torch::nn::Sequential build(const std::string& w) {
   return seq;
 }
 
-// mnist_cnn and lstm (common.init_tensors): parameter tensor k, in parameters() order, is U(+-bound) from stream
-// S_LAYER0 + offset + k, with PyTorch's default bounds: 1/sqrt(fan_in) for Conv2d and Linear (a bias takes its
-// weight's), 1/sqrt(hidden) for every LSTM tensor.
-void init_from_streams(const std::string& w, const std::vector<torch::Tensor>& params) {
+// mnist_cnn, lstm and resnet (common.init_tensors): parameter tensor k, in parameters() order, is U(+-bound) from
+// stream S_LAYER0 + offset + k, with PyTorch's default bounds: 1/sqrt(fan_in) for Conv2d and Linear (a bias takes its
+// weight's), 1/sqrt(hidden) for every LSTM tensor; a BatchNorm's weight and bias (`batch_norm` set for tensor k) stay
+// PyTorch's 1 and 0.
+void init_from_streams(const std::string& w, const std::vector<torch::Tensor>& params,
+                       const std::vector<bool>& batch_norm = {}) {
   torch::NoGradGuard ng;
   double bound = 0;
   for (size_t k = 0; k < params.size(); ++k) {
     const auto& p = params[k];
+    if (k < batch_norm.size() && batch_norm[k]) continue;
     if (w == "lstm") bound = 1.0 / std::sqrt(128.0);
     else if (p.dim() > 1) bound = 1.0 / std::sqrt(double(p.numel() / p.size(0)));
     uint64_t s = S_LAYER0 + workload_offset(w) + k;
@@ -98,6 +101,51 @@ torch::nn::Sequential build_cnn() {
                      nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Flatten(), nn::Linear(9216, 128),
                      nn::ReLU(), nn::Linear(128, 10));
   init_from_streams("mnist_cnn", seq->parameters());
+  return seq;
+}
+
+// resnet's residual block (torch_bench.BasicBlock): relu(body(x) + shortcut(x)), the body Conv 3x3 - BatchNorm -
+// ReLU - Conv 3x3 - BatchNorm (the first convolution with the block's stride), the shortcut the identity or, where
+// the block changes the shape, a 1x1 convolution with its stride and a BatchNorm. No convolution has a bias.
+struct BasicBlockImpl : torch::nn::Module {
+  torch::nn::Sequential body, shortcut{nullptr};
+  BasicBlockImpl(int64_t in, int64_t out, int64_t stride) {
+    namespace nn = torch::nn;
+    body = register_module(
+        "body", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)),
+                               nn::BatchNorm2d(out), nn::ReLU(),
+                               nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1).bias(false)),
+                               nn::BatchNorm2d(out)));
+    if (stride != 1 || in != out)
+      shortcut = register_module(
+          "shortcut",
+          nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)), nn::BatchNorm2d(out)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::relu(body->forward(x) + (shortcut ? shortcut->forward(x) : x));
+  }
+};
+TORCH_MODULE(BasicBlock);
+
+// resnet (examples/resnet_fashion's network): Conv2d(1, 16, 3, padding 1) - BatchNorm - ReLU, the blocks (16, 1),
+// (16, 1), (32, 2), (32, 1), (64, 2), (64, 1) as (channels, stride), global average pooling, Linear(64, 10).
+torch::nn::Sequential build_resnet() {
+  namespace nn = torch::nn;
+  nn::Sequential seq(nn::Conv2d(nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)), nn::BatchNorm2d(16), nn::ReLU());
+  int64_t in = 16;
+  const std::pair<int64_t, int64_t> blocks[] = {{16, 1}, {16, 1}, {32, 2}, {32, 1}, {64, 2}, {64, 1}};
+  for (auto [out, stride] : blocks) {
+    seq->push_back(BasicBlock(in, out, stride));
+    in = out;
+  }
+  seq->push_back(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
+  seq->push_back(nn::Flatten());
+  seq->push_back(nn::Linear(64, 10));
+  std::vector<bool> batch_norm;
+  for (const auto& module : seq->modules(/*include_self=*/false))
+    if (module->as<nn::BatchNorm2d>()) batch_norm.insert(batch_norm.end(), {true, true});
+    else batch_norm.insert(batch_norm.end(), module->parameters(/*recurse=*/false).size(), false);
+  init_from_streams("resnet", seq->parameters(), batch_norm);
   return seq;
 }
 
@@ -132,15 +180,19 @@ bool exists(const std::string& p) {
   return stat(p.c_str(), &st) == 0;
 }
 
-std::string find_data(const std::string& explicit_dir) {
+// The folder of MNIST's IDX files (subdir "mnist": a candidate's mnist/ or the candidate itself) or of
+// Fashion-MNIST's (subdir "fashion-mnist": a candidate's fashion-mnist/ only), as common.find_data.
+std::string find_data(const std::string& explicit_dir, const std::string& subdir = "mnist") {
   std::vector<std::string> c;
   if (!explicit_dir.empty()) c.push_back(explicit_dir);
   if (const char* e = std::getenv("KILN_DATA")) c.push_back(e);
   for (const char* d : {"./data", "../shared/data", "/work/shared/data"}) c.push_back(d);
-  for (auto& d : c)
-    for (auto& sub : {d + "/mnist", d})
-      if (exists(sub + "/train-images-idx3-ubyte.gz")) return sub;
-  std::fprintf(stderr, "MNIST not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data)\n");
+  for (auto& d : c) {
+    if (exists(d + "/" + subdir + "/train-images-idx3-ubyte.gz")) return d + "/" + subdir;
+    if (subdir == "mnist" && exists(d + "/train-images-idx3-ubyte.gz")) return d;
+  }
+  std::fprintf(stderr, "%s not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data, each with a "
+               "%s/ subfolder)\n", subdir == "mnist" ? "MNIST" : "Fashion-MNIST", subdir.c_str());
   std::exit(2);
 }
 
@@ -187,7 +239,7 @@ void result(const std::string& wl, const std::vector<double>& t, double data_us,
 int default_steps(const std::string& w) {
   if (w == "seed_regression") return 200;
   if (w == "wide_mlp") return A.quick ? 10 : 20;
-  if (w == "mnist_cnn") return A.quick ? 3 : 10;
+  if (w == "mnist_cnn" || w == "resnet") return A.quick ? 3 : 10;
   if (w == "lstm") return A.quick ? 10 : 40;
   return A.quick ? 2000 : 10000;
 }
@@ -225,8 +277,8 @@ struct Mnist {
   int64_t n;
 };
 
-Mnist load_mnist() {
-  std::string dir = find_data(A.data);
+Mnist load_mnist(const std::string& subdir = "mnist") {
+  std::string dir = find_data(A.data, subdir);
   auto img = gunzip(dir + "/train-images-idx3-ubyte.gz");
   auto lab = gunzip(dir + "/train-labels-idx1-ubyte.gz");
   if (be32(img.data()) != 2051 || be32(lab.data()) != 2049) { std::fprintf(stderr, "bad IDX magic\n"); std::exit(2); }
@@ -268,16 +320,19 @@ void run_mnist() {
   result("mnist_mlp", st, median(dt), loss.item<float>());
 }
 
-// mnist_cnn and lstm as bench/ladder times them: the first nb batches of 64 of the seeded epoch, cycled, normalised
-// with MNIST's mean and deviation; min(steps, 20) warm-up steps, then reps of `steps` steps. step_us is the median
-// over repetitions of the mean step time; each batch's index_select is timed apart (data_us, median per step).
+// mnist_cnn, lstm and resnet as bench/ladder times them: the first nb batches of 64 of the seeded epoch, cycled,
+// normalised with the data set's mean and deviation (MNIST's; Fashion-MNIST's for resnet); min(steps, 20) warm-up
+// steps, then reps of `steps` steps. step_us is the median over repetitions of the mean step time; each batch's
+// index_select is timed apart (data_us, median per step).
 template <class Model>
 void run_batches(const std::string& wl, Model model, std::vector<int64_t> sample_shape) {
-  auto data = load_mnist();
+  const bool fashion = wl == "resnet";
+  auto data = load_mnist(fashion ? "fashion-mnist" : "mnist");
   sample_shape.insert(sample_shape.begin(), data.n);
-  auto X = data.X.sub_(0.1307).div_(0.3081).view(sample_shape);
+  auto X = fashion ? data.X.sub_(0.2860).div_(0.3530).view(sample_shape)
+                   : data.X.sub_(0.1307).div_(0.3081).view(sample_shape);
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
-  const int64_t bs = 64, nb = wl == "mnist_cnn" ? 32 : 64;
+  const int64_t bs = 64, nb = wl == "lstm" ? 64 : 32;
   torch::Tensor xb, yb, loss;
   auto batch = [&](int64_t b) {
     auto idx = data.perm.slice(0, b * bs, (b + 1) * bs);
@@ -344,7 +399,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(A.threads);
   at::set_num_interop_threads(A.threads);
   torch::manual_seed(0);
-  std::vector<std::string> wls = {"seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm"};
+  std::vector<std::string> wls = {"seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm", "resnet"};
   if (A.workload != "all") {
     if (std::find(wls.begin(), wls.end(), A.workload) == wls.end()) { std::fprintf(stderr, "unknown workload %s\n", A.workload.c_str()); return 2; }
     wls = {A.workload};
@@ -360,6 +415,7 @@ int main(int argc, char** argv) {
     } else if (w == "mnist_mlp") run_mnist();
     else if (w == "mnist_cnn") run_batches(w, build_cnn(), {1, 28, 28});
     else if (w == "lstm") run_batches(w, LstmNet(), {28, 28});
+    else if (w == "resnet") run_batches(w, build_resnet(), {1, 28, 28});
     else run_tiny();
   }
   return 0;

@@ -47,11 +47,41 @@ class LstmNet(nn.Module):
         return self.fc(h[-1])
 
 
+class BasicBlock(nn.Module):
+    """resnet's residual block: relu(body(x) + shortcut(x)), the body Conv 3x3 - BatchNorm - ReLU - Conv 3x3 -
+    BatchNorm (the first convolution with the block's stride), the shortcut the identity or, where the block changes
+    the shape, a 1x1 convolution with its stride and a BatchNorm. No convolution has a bias."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                                  nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.shortcut = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return F.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet():
+    """resnet: Conv2d(1, 16, 3, padding 1) - BatchNorm - ReLU, the blocks of common.RESNET_BLOCKS, global average
+    pooling, Linear(64, 10) (examples/resnet_fashion's network)."""
+    layers, cin = [nn.Conv2d(1, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()], 16
+    for cout, stride in C.RESNET_BLOCKS:
+        layers.append(BasicBlock(cin, cout, stride))
+        cin = cout
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
 def build_net(workload):
-    """mnist_cnn / lstm, their parameters set from common.init_tensors (PyTorch's default ranges, shared streams)."""
+    """mnist_cnn / lstm / resnet, their parameters set from common.init_tensors (PyTorch's default ranges, shared
+    streams)."""
     if workload == "mnist_cnn":
         model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
                               nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Linear(128, 10))
+    elif workload == "resnet":
+        model = resnet()
     else:
         model = LstmNet()
     params, init = list(model.parameters()), C.init_tensors(workload)
@@ -141,10 +171,10 @@ def run_fixed_batch(system, workload, x, y, lossfn):
 
 
 class MnistDataset(torch.utils.data.Dataset):
-    """The tutorial way: one sample at a time, converted to float on access (and normalised and shaped, for the
-    mnist_cnn and lstm workloads, as torchvision's ToTensor + Normalize would)."""
+    """The tutorial way: one sample at a time, converted to float on access (and normalised with (mean, std) and
+    shaped, for the mnist_cnn, lstm and resnet workloads, as torchvision's ToTensor + Normalize would)."""
 
-    def __init__(self, images, labels, shape=None, normalise=False):
+    def __init__(self, images, labels, shape=None, normalise=None):
         self.images, self.labels, self.shape, self.normalise = images, labels, shape, normalise
 
     def __len__(self):
@@ -153,7 +183,7 @@ class MnistDataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         x = torch.from_numpy(self.images[i]).float().div_(255.0)
         if self.normalise:
-            x = x.sub_(C.MNIST_MEAN).div_(C.MNIST_STD)
+            x = x.sub_(self.normalise[0]).div_(self.normalise[1])
         if self.shape:
             x = x.view(self.shape)
         return x, int(self.labels[i])
@@ -218,12 +248,13 @@ def run_mnist(system):
 
 
 def run_batches(system, workload):
-    """mnist_cnn and lstm as bench/ladder times them: the first BATCHES[workload] batches of 64 of one seeded epoch,
-    cycled; warmup_steps untimed steps (the first one, compilation included, reported apart), then `reps`
-    repetitions of `steps` steps. step_us is the median over repetitions of the mean step time; the batch's assembly
-    is timed apart (data_us, median per step)."""
-    images, labels = C.load_mnist(args.data)
-    shape = (1, 28, 28) if workload == "mnist_cnn" else (28, 28)
+    """mnist_cnn, lstm and resnet (on Fashion-MNIST) as bench/ladder times them: the first BATCHES[workload]
+    batches of 64 of one seeded epoch, cycled; warmup_steps untimed steps (the first one, compilation included,
+    reported apart), then `reps` repetitions of `steps` steps. step_us is the median over repetitions of the mean
+    step time; the batch's assembly is timed apart (data_us, median per step)."""
+    subdir, mean, std = C.dataset_of(workload)
+    images, labels = C.load_mnist(args.data, subdir)
+    shape = (28, 28) if workload == "lstm" else (1, 28, 28)
     nb, bs = C.BATCHES[workload], C.BATCH_SIZE
     perm = C.permutation(len(labels))
     model = maybe_compile(system, build(workload))
@@ -235,7 +266,7 @@ def run_batches(system, workload):
         sub = perm[:nb * bs]
         g = torch.Generator()
         g.manual_seed(0)
-        loader = torch.utils.data.DataLoader(MnistDataset(images[sub], labels[sub], shape, normalise=True),
+        loader = torch.utils.data.DataLoader(MnistDataset(images[sub], labels[sub], shape, normalise=(mean, std)),
                                              batch_size=bs, shuffle=True, num_workers=0, generator=g)
         it = [iter(loader)]
 
@@ -247,7 +278,7 @@ def run_batches(system, workload):
                 return next(it[0])
     else:
         t_load = now()
-        X = torch.from_numpy(C.normalise_mnist(images)).view(-1, *shape)
+        X = torch.from_numpy(C.normalise_mnist(images, mean, std)).view(-1, *shape)
         Y = torch.from_numpy(labels)
         P = torch.from_numpy(perm)
         info(system, workload, preload_s="%.3f" % (now() - t_load))

@@ -3,7 +3,9 @@
 // (whose input shape is not part of its type). The file is a ModelProto (ir_version, opset_import, producer "kiln")
 // whose graph has one input "input" of shape [N, ...] with a symbolic batch dimension "N" ([seq, N, ...] for a
 // time-major dynamic model, see onnx_options::input_shape), one output "output", the weights as float initializers
-// (raw_data), and one node per operation:
+// (raw_data) named as in the model's state_dict ("0.weight", "1.body.0.running_mean"; a tensor the exporter derives
+// says how, "2.weight_t", or has a name of its own, the recurrent layers' gates in ONNX's order), and one node per
+// operation:
 //   Dense / Linear          Gemm (transB = 1) on 2-d inputs, MatMul + Add on higher ranks
 //   ReLU, Sigmoid, Tanh     Relu, Sigmoid, Tanh;  LeakyReLU: LeakyRelu (alpha)
 //   GELU                    Gelu (opset >= 20), else its erf form 0.5 * x * (1 + Erf(x / sqrt 2))
@@ -20,6 +22,12 @@
 //                           GRU linear_before_reset = 1; Transposes around the time-major nodes for batch first.
 //                           AllSteps: Y; LastStep: Gather of step -1; FinalState: Y_h; directions joined along the
 //                           features by Transpose + Reshape (Squeeze for one direction); see onnx_recurrent.hpp
+//   Chain, nn::Sequential   its layers in turn
+//   Residual, nn::Residual  the body and the shortcut (if any) from the block's input, then Add (shortcut or input,
+//                           body)
+//   Add, nn::Add            every branch from the block's input, then one Add per branch after the first, in order
+//   Concat, nn::Concat      every branch from the block's input, then Concat along the block's dim (the batch's is 0);
+//                           blocks nest (see onnx_blocks.hpp)
 // The graph is the model's evaluation-mode computation, whatever mode the model is in. A fused activation of a
 // static Dense becomes its own node after the Gemm, as does the activation layer a static Conv2D fuses. A layer the
 // exporter does not know is a compile error (static) or a kiln::error naming it (dynamic); a new layer joins by
@@ -35,6 +43,7 @@
 
 #include "kiln/core/tensor.hpp"
 #include "kiln/io/atomic_file.hpp"
+#include "kiln/io/onnx_blocks.hpp"
 #include "kiln/io/onnx_builder.hpp"
 #include "kiln/io/onnx_cnn.hpp"
 #include "kiln/io/onnx_recurrent.hpp"
@@ -64,35 +73,17 @@ void onnx_emit(onnx_builder& b, const softmax_layer<Dim, Log>&, const std::vecto
 }
 inline void onnx_emit(onnx_builder& b, const Flatten&, const std::vector<const Tensor<float>*>&) { b.flatten(); }
 
-template <class L>
-concept onnx_exportable = requires(onnx_builder& b, const L& l, const std::vector<const Tensor<float>*>& p) {
-  onnx_emit(b, l, p);
-};
-
-// The ONNX bytes of a static float Sequential.
+// The ONNX bytes of a static float Sequential. Its layers are written as a chain under the state_dict's names
+// (onnx_blocks.hpp); a layer without an export stops the build with a static_assert naming it.
 template <class Policy, class InputSpec, class... Layers>
 std::string onnx_model_bytes(const Sequential<Policy, InputSpec, Layers...>& net, onnx_options options = {}) {
-  static_assert((onnx_exportable<Layers> && ...),
-                "kiln::io::export_onnx: a layer of this Sequential has no ONNX export (no onnx_emit overload)");
   static_assert(std::is_same_v<typename InputSpec::value_type, float>, "kiln::io::export_onnx: float models only");
   using net_type = Sequential<Policy, InputSpec, Layers...>;
   shape in = net_type::input_shape::batch_shape(1);
   std::vector<index_t> sample(in.begin() + 1, in.end());
   onnx_builder b(std::move(options), sample);
-  auto dict = net.state_dict();
-  int torch_index = 0;
-  auto emit = [&](const auto& layer) {
-    using L = std::remove_cvref_t<decltype(layer)>;
-    std::vector<const Tensor<float>*> params;
-    std::string prefix = std::to_string(torch_index) + ".";
-    for (const auto& [name, tensor] : dict)
-      if (name.rfind(prefix, 0) == 0 && name.find('.', prefix.size()) == std::string::npos) params.push_back(&tensor);
-    onnx_emit(b, layer, params);
-    torch_index += 1;
-    if constexpr (kiln::detail::has_fused_activation<L>)
-      if (L::fused_activation != activation::identity) torch_index += 1;
-  };
-  (emit(Layers{}), ...);
+  const onnx_state_dict dict = net.state_dict();
+  detail::onnx_emit_layers<Layers...>(b, dict, "");
   return b.finish();
 }
 

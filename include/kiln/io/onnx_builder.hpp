@@ -1,12 +1,14 @@
 // The ONNX graph builder behind kiln::io::export_onnx (kiln/io/onnx.hpp): export options, and onnx_builder, which
 // writes one operation at a time while tracking the current value's name, per-sample shape and batch axis. The layers'
 // emitters (onnx.hpp for Dense, the activations, Softmax and Flatten; onnx_cnn.hpp for the convolutional-network
-// layers; onnx_recurrent.hpp for LSTM and GRU) call its operations and, for their own nodes, its public building
-// blocks.
+// layers; onnx_recurrent.hpp for LSTM and GRU; onnx_blocks.hpp for the blocks that branch and join) call its
+// operations and, for their own nodes, its public building blocks. A layer's weights are initializers named as in
+// the model's state_dict ("1.body.0.weight"): the exporter sets each layer's prefix before the layer writes them.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -31,6 +33,13 @@ struct onnx_options {
   // for time-major sequences (an nn::LSTM / nn::GRU without batch_first reads (seq, batch, features)):
   // {12, -1, 4} is a graph input of shape [12, N, 4]; it needs at least three entries. No other extent may be negative.
   std::vector<index_t> input_shape{};
+};
+
+// A value of the graph as the builder tracks it: its name, its per-sample shape and where its batch is.
+struct onnx_value {
+  std::string name;
+  std::vector<index_t> sample;
+  int batch_axis = 0;
 };
 
 // Builds an ONNX graph one operation at a time, tracking the current value's name and per-sample shape. The batch is
@@ -63,10 +72,10 @@ class onnx_builder {
   void linear(const float* weight, const float* bias, index_t in, index_t out) {
     if (shape_.back() != in)
       fail("export_onnx: a Linear layer expects ", in, " input features, found a value of shape ", shape_text());
-    std::string b = bias ? initializer("bias", bias, {out}) : std::string();
+    std::string b = bias ? parameter("bias", bias, {out}) : std::string();
     std::string y = fresh("linear");
     if (shape_.size() == 1) {
-      std::string w = initializer("weight", weight, {out, in});
+      std::string w = parameter("weight", weight, {out, in});
       auto inputs = b.empty() ? std::vector<std::string>{current_, w} : std::vector<std::string>{current_, w, b};
       auto n = node("Gemm", inputs, y);
       attr_int(n, "transB", 1);
@@ -76,7 +85,7 @@ class onnx_builder {
       std::vector<float> wt(static_cast<std::size_t>(in * out));
       for (index_t o = 0; o < out; ++o)
         for (index_t i = 0; i < in; ++i) wt[static_cast<std::size_t>(i * out + o)] = weight[o * in + i];
-      std::string w_t = initializer("weight_t", wt.data(), {in, out});
+      std::string w_t = parameter("weight_t", wt.data(), {in, out});
       std::string mm = b.empty() ? y : fresh("matmul");
       nodes_.push_back(node("MatMul", {current_, w_t}, mm));
       if (!b.empty()) nodes_.push_back(node("Add", {mm, b}, y));
@@ -195,9 +204,12 @@ class onnx_builder {
     return model.str();
   }
 
-  // --- the graph's building blocks, for the emitters beside this file (onnx_cnn.hpp, onnx_recurrent.hpp) -------
+  // --- the graph's building blocks, for the emitters beside this file (onnx_cnn.hpp, onnx_recurrent.hpp, ...) --
   // The value the next operation reads.
   const std::string& current() const { return current_; }
+  // The same with its shape and batch axis, to come back to (the input of a block's every branch).
+  onnx_value value() const { return {current_, shape_, batch_axis_}; }
+  void set_current(onnx_value v) { set_current(std::move(v.name), std::move(v.sample), v.batch_axis); }
   // Appends a node made by node() (attributes added); set_current() makes its output the current value.
   void add_node(protobuf::message n) { nodes_.push_back(std::move(n)); }
   // value, of per-sample shape sample, becomes what the next operation reads; the batch stays where it was.
@@ -210,20 +222,27 @@ class onnx_builder {
     set_current(std::move(value), std::move(sample));
     batch_axis_ = batch_axis;
   }
-  // Internal names skip the user's input and output names (even "linear_0"), so that every value is named once.
+  // Internal names skip the user's input and output names (even "linear_0") and the parameters' names, so that every
+  // value is named once.
   std::string fresh(const char* what) {
     std::string name;
     do name = std::string(what) + "_" + std::to_string(counter_++);
-    while (name == options_.input_name || name == options_.output_name);
+    while (taken(name));
+    names_.insert(name);
     return name;
   }
+  // The state_dict prefix of the layer being written ("1.body.0."; empty for a model that is one layer).
+  void set_parameter_prefix(std::string prefix) { prefix_ = std::move(prefix); }
+  const std::string& parameter_prefix() const { return prefix_; }
   // The current value's shape as messages show it: [N, 3, 28, 28], or [12, N, 4] with the batch second.
-  std::string shape_text() const {
+  std::string shape_text() const { return shape_text(value()); }
+  // The same for any value.
+  static std::string shape_text(const onnx_value& v) {
     std::string s = "[";
-    for (std::size_t d = 0; d <= shape_.size(); ++d) {
+    for (std::size_t d = 0; d <= v.sample.size(); ++d) {
       if (d > 0) s += ", ";
-      const auto at = static_cast<std::size_t>(batch_axis_);
-      s += d == at ? std::string("N") : std::to_string(shape_[d < at ? d : d - 1]);
+      const auto at = static_cast<std::size_t>(v.batch_axis);
+      s += d == at ? std::string("N") : std::to_string(v.sample[d < at ? d : d - 1]);
     }
     return s + "]";
   }
@@ -274,18 +293,16 @@ class onnx_builder {
   }
   // A float tensor of shape dims (no batch) in the graph; returns its name.
   std::string initializer(const char* what, const float* data, const std::vector<index_t>& dims) {
-    std::string name = fresh(what);
-    protobuf::message t;
-    index_t n = 1;
-    for (auto d : dims) {
-      t.varint(1, d);
-      n *= d;
-    }
-    t.varint(2, 1);  // FLOAT
-    t.bytes(8, name);
-    t.bytes(9, std::string_view(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n) * sizeof(float)));
-    initializers_.push_back(t);
-    return name;
+    return float_initializer(fresh(what), data, dims);
+  }
+  // A float tensor of the layer being written, named prefix + name: its state_dict name ("1.body.0.weight") for a
+  // tensor exported as the model stores it; a tensor derived from one says how in its name ("0.weight_t", the
+  // transpose). A name already in the graph (a module that appears twice) gives a fresh one instead.
+  std::string parameter(const std::string& name, const float* data, const std::vector<index_t>& dims) {
+    std::string full = prefix_ + name;
+    if (taken(full)) full = fresh(full.c_str());
+    else names_.insert(full);
+    return float_initializer(std::move(full), data, dims);
   }
   // An int64 vector (a shape, axes, pads), or a scalar (a 0-d tensor, e.g. Gather's index) when scalar is set.
   std::string int64_initializer(const char* what, const std::vector<std::int64_t>& values, bool scalar = false) {
@@ -300,6 +317,22 @@ class onnx_builder {
   }
 
  private:
+  std::string float_initializer(std::string name, const float* data, const std::vector<index_t>& dims) {
+    protobuf::message t;
+    index_t n = 1;
+    for (auto d : dims) {
+      t.varint(1, d);
+      n *= d;
+    }
+    t.varint(2, 1);  // FLOAT
+    t.bytes(8, name);
+    t.bytes(9, std::string_view(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n) * sizeof(float)));
+    initializers_.push_back(t);
+    return name;
+  }
+  bool taken(const std::string& name) const {
+    return name == options_.input_name || name == options_.output_name || names_.count(name) > 0;
+  }
   // ONNX names each value once and needs non-empty names for the graph's input and output.
   void check_names() const {
     if (options_.input_name.empty() || options_.output_name.empty())
@@ -339,6 +372,8 @@ class onnx_builder {
   int batch_axis_ = 0, input_batch_axis_ = 0;
   std::vector<protobuf::message> nodes_, initializers_;
   int counter_ = 0;
+  std::string prefix_;
+  std::set<std::string> names_;  // every name given out: fresh values and initializers, and parameters
 };
 
 }  // namespace kiln::io

@@ -58,8 +58,8 @@ inline void onnx_conv2d(onnx_builder& b, const float* weight, const float* bias,
   // "same" pads dilation (kernel - 1) pixels per dimension, g.pad_h of them before the start.
   const index_t pad_end = same ? dilation * (kernel - 1) - g.pad_h : padding;
   const std::vector<index_t> weight_dims{out_channels, in_channels / groups, kernel, kernel};
-  std::vector<std::string> inputs{b.current(), b.initializer("weight", weight, weight_dims)};
-  if (bias) inputs.push_back(b.initializer("bias", bias, {out_channels}));
+  std::vector<std::string> inputs{b.current(), b.parameter("weight", weight, weight_dims)};
+  if (bias) inputs.push_back(b.parameter("bias", bias, {out_channels}));
   std::string y = b.fresh("conv");
   auto n = onnx_builder::node("Conv", inputs, y);
   onnx_builder::attr_ints(n, "kernel_shape", {kernel, kernel});
@@ -142,10 +142,10 @@ inline void onnx_batch_norm(onnx_builder& b, bool two_d, index_t features, const
   }
   const std::vector<float> ones(static_cast<std::size_t>(weight ? 0 : features), 1.0f),
       zeros(static_cast<std::size_t>(bias ? 0 : features), 0.0f);
-  std::vector<std::string> inputs{b.current(), b.initializer("weight", weight ? weight : ones.data(), {features}),
-                                  b.initializer("bias", bias ? bias : zeros.data(), {features}),
-                                  b.initializer("running_mean", running_mean, {features}),
-                                  b.initializer("running_var", running_var, {features})};
+  std::vector<std::string> inputs{
+      b.current(), weight ? b.parameter("weight", weight, {features}) : b.initializer("ones", ones.data(), {features}),
+      bias ? b.parameter("bias", bias, {features}) : b.initializer("zeros", zeros.data(), {features}),
+      b.parameter("running_mean", running_mean, {features}), b.parameter("running_var", running_var, {features})};
   std::string y = b.fresh("batch_norm");
   auto n = onnx_builder::node("BatchNormalization", inputs, y);
   onnx_builder::attr_float(n, "epsilon", static_cast<float>(eps));
@@ -172,8 +172,9 @@ inline void onnx_layer_norm(onnx_builder& b, const kiln::shape& normalized, cons
   std::string x = b.current(), y;
   if (b.opset() >= 17) {
     const std::vector<float> ones(static_cast<std::size_t>(weight ? 0 : normalized.numel()), 1.0f);
-    std::vector<std::string> inputs{x, b.initializer("weight", weight ? weight : ones.data(), dims)};
-    if (bias) inputs.push_back(b.initializer("bias", bias, dims));
+    std::vector<std::string> inputs{
+        x, weight ? b.parameter("weight", weight, dims) : b.initializer("ones", ones.data(), dims)};
+    if (bias) inputs.push_back(b.parameter("bias", bias, dims));
     y = b.fresh("layer_norm");
     auto n = onnx_builder::node("LayerNormalization", inputs, y);
     onnx_builder::attr_int(n, "axis", axis);
@@ -203,8 +204,8 @@ inline void onnx_layer_norm(onnx_builder& b, const kiln::shape& normalized, cons
   std::string sd = b.fresh("ln_std");
   b.add_node(onnx_builder::node("Sqrt", {plus_eps}, sd));
   y = binary("Div", centred, sd, "layer_norm");
-  if (weight) y = binary("Mul", y, b.initializer("weight", weight, dims), "ln_scaled");
-  if (bias) y = binary("Add", y, b.initializer("bias", bias, dims), "ln_shifted");
+  if (weight) y = binary("Mul", y, b.parameter("weight", weight, dims), "ln_scaled");
+  if (bias) y = binary("Add", y, b.parameter("bias", bias, dims), "ln_shifted");
   b.set_current(y, s);
 }
 

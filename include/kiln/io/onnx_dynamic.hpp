@@ -1,7 +1,8 @@
-// ONNX export of dynamic-mode models: an nn::Sequential (nested ones included) of Linear, the activations, Softmax,
-// LogSoftmax, Flatten, Identity, Conv2d, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d,
-// BatchNorm2d, LayerNorm, Dropout, and LSTM and GRU (plain, handing on every step, or as nn::AllSteps, nn::LastStep,
-// nn::FinalState). The input's per-sample shape must be given (options.input_shape), since a module does not know it;
+// ONNX export of dynamic-mode models: an nn::Sequential, nn::Residual, nn::Add or nn::Concat (nested in each other as
+// deep as they go) of Linear, the activations, Softmax, LogSoftmax, Flatten, Identity, Conv2d, MaxPool2d, AvgPool2d,
+// AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d, BatchNorm2d, LayerNorm, Dropout, and LSTM and GRU (plain,
+// handing on every step, or as nn::AllSteps, nn::LastStep, nn::FinalState). The weights are named as in the model's
+// state_dict. The input's per-sample shape must be given (options.input_shape), since a module does not know it;
 // a time-major model (a recurrent module without batch_first reading the input) puts -1 second, for the batch. The
 // graph is the model's evaluation-mode computation (running statistics, no dropout) whether or not the model is in
 // training mode. See kiln/io/onnx.hpp for the operators written.
@@ -12,6 +13,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/onnx.hpp"
@@ -96,19 +98,64 @@ inline bool onnx_emit_leaf(onnx_builder& b, const nn::Module& m) {
   return true;
 }
 
-inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::string& where) {
-  if (auto* seq = dynamic_cast<const nn::Sequential*>(&m)) {
-    for (std::size_t i = 0; i < seq->size(); ++i) {
-      std::string w = where;
-      w += "[";
-      w += std::to_string(i);
-      w += "]";
-      onnx_emit_module(b, (*seq)[i], w);
+// Runs join, a block's Add or Concat, naming the block's place in a refusal, as a layer's refusal names it.
+template <class Join>
+void onnx_join(const nn::Module& block, const std::string& where, Join&& join) {
+  try {
+    join();
+  } catch (const error& e) {
+    fail(e.what(), " (at ", where, " ", block.describe(), ")");
+  }
+}
+
+// Writes module m, found at where (for messages: "Sequential[1].body[0]"), whose state_dict names begin with prefix
+// ("1.body.0."). A container or block writes its children under their names; a leaf through onnx_emit_leaf.
+inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::string& where,
+                             const std::string& prefix) {
+  const auto& children = m.named_children();
+  if (dynamic_cast<const nn::Sequential*>(&m)) {
+    for (std::size_t i = 0; i < children.size(); ++i)
+      onnx_emit_module(b, *children[i].second, where + "[" + std::to_string(i) + "]",
+                       prefix + children[i].first + ".");
+    return;
+  }
+  if (auto* residual = dynamic_cast<const nn::Residual*>(&m)) {
+    const onnx_value x = b.value();
+    onnx_emit_module(b, residual->body(), where + ".body", prefix + "body.");
+    const onnx_value f = b.value();
+    onnx_value s = x;
+    if (residual->has_shortcut()) {
+      b.set_current(x);
+      onnx_emit_module(b, residual->shortcut(), where + ".shortcut", prefix + "shortcut.");
+      s = b.value();
     }
+    onnx_join(m, where, [&] {
+      onnx_add(b, {s, f}, {residual->has_shortcut() ? "the shortcut" : "the input", "the body"}, "Residual", false);
+    });
+    return;
+  }
+  const bool add = dynamic_cast<const nn::Add*>(&m) != nullptr;
+  const auto* concat = dynamic_cast<const nn::Concat*>(&m);
+  if (add || concat) {
+    // Every branch from the block's input, in the order the block runs (and sums) them.
+    const onnx_value x = b.value();
+    std::vector<onnx_value> values;
+    std::vector<std::string> labels;
+    for (const auto& [name, branch] : children) {
+      b.set_current(x);
+      onnx_emit_module(b, *branch, where + "[" + name + "]", prefix + name + ".");
+      values.push_back(b.value());
+      labels.push_back("branch " + name);
+    }
+    onnx_join(m, where, [&] {
+      if (concat) onnx_concat(b, values, labels, "Concat", concat->dim());
+      else onnx_add(b, values, labels, "Add", true);
+    });
     return;
   }
   bool known = false;
   try {
+    b.set_parameter_prefix(prefix);
     known = onnx_emit_leaf(b, m);
   } catch (const error& e) {
     // The layer's check names what it expected and found; where is added here, as nn::Sequential's forward does.
@@ -118,7 +165,7 @@ inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::st
     fail("export_onnx: ", where, " ", m.describe(), " has no ONNX export (exported: Sequential, Linear, ReLU, "
          "LeakyReLU, GELU, Sigmoid, Tanh, Identity, Softmax, LogSoftmax, Flatten, Conv2d, MaxPool2d, AvgPool2d, "
          "AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d, BatchNorm2d, LayerNorm, Dropout, LSTM, GRU, AllSteps, "
-         "LastStep, FinalState)");
+         "LastStep, FinalState, and the blocks Residual, Add, Concat)");
 }
 }  // namespace detail
 
@@ -140,7 +187,7 @@ inline std::string onnx_model_bytes(const nn::Module& model, onnx_options option
   }
   onnx_builder b(std::move(options), sample, batch_axis);
   try {
-    detail::onnx_emit_module(b, model, model.name());
+    detail::onnx_emit_module(b, model, model.name(), "");
   } catch (const error& e) {
     fail(e.what());
   }

@@ -4,8 +4,10 @@
 
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "kiln/core/error.hpp"
 #include "kiln/core/init.hpp"
 #include "kiln/core/static_shape.hpp"
 #include "kiln/layers/activation.hpp"
@@ -120,23 +122,29 @@ struct Dense {
       activation_backward_in_place<Policy>(y, dy, scratch, ctx);
       backward_preactivated<Policy>(params, x, y, dy, dx, dparams, scratch, ctx);
     }
-    // With fused epilogues, where the layer below is a Dense layer with a fused ReLU (x is its output): this backward
-    // with that ReLU's backward taken in, dx being the lower layer's pre-activation gradient, where the policy has the
-    // one-pass kernel and it applies (policy::cpu's dense_backward_through_relu). Returns false, having done nothing,
-    // where it does not: then backward runs, and the layer below takes its ReLU's backward itself.
+    // Where the layer below is a Dense layer with a fused ReLU (x is its output): whether this backward can take that
+    // ReLU's backward in (the policy has the one-pass kernel and it admits these sizes, policy::cpu's
+    // dense_backward_through_relu_applies). A pure function of the batch and the policy's settings: both layers of
+    // the pair ask it (static/fusion_rules.hpp, relu_backward_into_head).
     template <class Policy, class T>
-    static bool backward_through_relu(const T* params, const T* x, const T* y, T* dy, T* dx, T* dparams, T* scratch,
+    static bool backward_through_relu_applies(const layer_context& ctx) {
+      if constexpr (std::is_same_v<T, float> && requires { requires Policy::one_pass_relu_backward; })
+        return Policy::dense_backward_through_relu_applies(ctx.batch, in, Out, Policy::gemm_precision());
+      else
+        return (void)ctx, false;
+    }
+    // Where backward_through_relu_applies: this backward with the lower layer's ReLU backward taken in, dx being the
+    // lower layer's pre-activation gradient (never null: the layer below computes).
+    template <class Policy, class T>
+    static void backward_through_relu(const T* params, const T* x, const T* y, T* dy, T* dx, T* dparams, T* scratch,
                                       const layer_context& ctx) {
       if constexpr (std::is_same_v<T, float> && requires { requires Policy::one_pass_relu_backward; }) {
-        if (!dx || !Policy::dense_backward_through_relu_applies(ctx.batch, in, Out, Policy::gemm_precision()))
-          return false;
         activation_backward_in_place<Policy>(y, dy, scratch, ctx);
         Policy::dense_backward_through_relu(dy, x, params, dparams, dx, ctx.batch, in, Out);
         if constexpr (Bias) Policy::sum_rows(dy, dparams + weight_size, ctx.batch, Out, false);
-        return true;
       } else {
+        fail("Dense::backward_through_relu: called where backward_through_relu_applies is false");
         (void)params, (void)x, (void)y, (void)dy, (void)dx, (void)dparams, (void)scratch, (void)ctx;
-        return false;
       }
     }
     // The layer's own activation's backward on dy, in place (nothing without one).

@@ -14,6 +14,9 @@ struct layer_context {
   // In a backward: each layer's input is unchanged since its forward (static mode's Sequential, which owns the
   // buffers and runs the backward right after the forward), so what a forward derived from its input may serve again.
   bool input_as_in_forward = false;
+  // Static mode: static_options::fuse_epilogues for the pass, as forward's `fuse` says it. A block's backward reads it
+  // to lay out its layers as its forward, whose choices it depended on, did.
+  bool fuse_epilogues = true;
 };
 
 // The interface of a static layer type L, bound to its input shape as L::bind<In> (see layers/dense.hpp):

@@ -1,5 +1,5 @@
-// The contract between a static layer type and kiln::Sequential (static/sequential.hpp), written out: every member
-// the Sequential reads, with what it requires of the caller and what the layer ensures in return, and every optional
+// The contract between a static layer type and kiln::Sequential (static/sequential.hpp, with its plan, state and
+// executor) and the blocks (static/blocks.hpp), written out: every member they read, with what it requires of the caller and what the layer ensures in return, and every optional
 // capability with how it is detected. Documentation only: this header declares nothing, and the example layer below
 // sits in #if 0. Where this text and the code disagree, the code is right and this file has a bug.
 //
@@ -125,6 +125,12 @@ struct example_layer {
     //          per-tensor optimizer slots and tensor_ranges (gradient clipping by norm).
     static std::vector<static_parameter_info> parameter_tensors();
 
+    // ---- Parameters without padding (optional; a block of layers) ---------------------------------------------------
+    // Detected by: requires { B::parameter_values; }. Without it, param_count is read.
+    // ensures: the trainable values in [0, param_count) that belong to tensors: a block aligns each of its layers'
+    //          slices as the Sequential does, so its param_count holds padding that parameter counts leave out.
+    static constexpr index_t parameter_values = In::size;
+
     // ---- Several init streams (optional; a block of layers, static/blocks.hpp) -------------------------------------
     // Detected by: requires { B::init_stream_count; }. Without it, a layer with parameters takes one stream.
     // ensures: init draws from the streams k, k + 1, ..., k + init_stream_count - 1 of the seed, where rng (stream k)
@@ -156,11 +162,17 @@ struct example_layer {
     //          points to it in every forward and backward, in training and in evaluation. The layer draws only in
     //          training and only from ctx.rng, and keeps in scratch what backward needs (the mask).
     static constexpr bool draws_at_run_time = false;
+    // ---- Several run-time generators (optional; a block of layers, static/blocks.hpp) ------------------------------
+    // Detected by: requires { B::runtime_generator_count; }. Without it, a layer that draws takes one generator.
+    // ensures: the layer takes that many generators, consecutive, ctx.rng pointing to the first: one for each layer
+    //          inside that draws, in the order dynamic mode's modules of the same nesting take their streams.
+    static constexpr std::size_t runtime_generator_count = 0;
 
     // ---- Taking in the activation layer after it (optional) ---------------------------------------------------------
-    // Detected by: a requires-expression that calls B::forward_activated<Policy> with the next layer's kind and slope.
-    //              It is used with fuse_epilogues on, when the next layer is an activation whose kind is not identity
-    //              and whose gradient needs only its output (activation_grad_needs_input is false, so not GELU).
+    // Detected by: the fusion rule activation_into_producer (static/fusion_rules.hpp), whose pattern calls
+    //              B::forward_activated<Policy> with the next layer's kind and slope. It is used with fuse_epilogues
+    //              on, when the next layer is an activation whose kind is not identity and whose gradient needs only
+    //              its output (activation_grad_needs_input is false, so not GELU).
     // requires: as forward. act and slope are the next layer's f.
     // ensures:  y = act(the y forward would write). The activation layer's forward is skipped: its output is this y.
     //           y then no longer holds this layer's own output, so this layer's backward must not read y (Conv2D's
@@ -170,8 +182,9 @@ struct example_layer {
                                   activation act, T slope);
 
     // ---- Taking in the backward of the activation layer before it (optional) ----------------------------------------
-    // Detected by: a requires-expression that calls B::backward_activated<Policy>, when the layer before is an
-    //              activation whose kind is not identity. It is used with fuse_epilogues on. To make it depend on the
+    // Detected by: the fusion rule activation_backward_into_consumer, whose pattern calls B::backward_activated<Policy>,
+    //              when the layer before is an activation whose kind is not identity. It is used with fuse_epilogues
+    //              on. To make it depend on the
     //              policy, put a requires-clause on the policy's kernel (as Conv2D and MaxPool2D do).
     // requires: as backward, with these differences. x is the activation's output. dx is the gradient of the
     //           activation's INPUT (null when none is wanted). act_input is the activation's input whenever its
@@ -185,17 +198,22 @@ struct example_layer {
                                    const layer_context& ctx, activation act, const T* act_input, T slope);
 
     // ---- Taking in the ReLU backward of the layer before it (optional, a pair) --------------------------------------
-    // Detected by: fused_activation == activation::relu on the layer before, plus one requires-expression that
-    //              calls both this B::backward_through_relu<Policy> and the layer before's
-    //              backward_preactivated<Policy>. It is tried at run time, with fuse_epilogues on, unless another
-    //              fusion already handled the layer.
-    // requires: as backward. x is the output of the layer before, after its ReLU.
-    // ensures:  either returns false having written nothing, and then backward runs as usual; or returns true having
-    //           written dparams as backward does and dx = the gradient of the layer before's PRE-activation (its
-    //           ReLU's backward, computed from x, already applied). In that case the Sequential calls the layer
-    //           before's backward_preactivated instead of its backward.
+    // Detected by: the fusion rule relu_backward_into_head: fused_activation == activation::relu on the layer before,
+    //              and one requires-expression that calls this B::backward_through_relu_applies<Policy, T>,
+    //              B::backward_through_relu<Policy> and the layer before's backward_preactivated<Policy>. It is used
+    //              with fuse_epilogues on, where backward_through_relu_applies says so and no other rule took either
+    //              position.
+    // ensures: whether this pass can take the ReLU's backward in. A pure function of ctx (the batch) and the policy's
+    //          settings: the rule asks it once per pass, and the answer decides how both layers of the pair run.
     template <class Policy, class T>
-    static bool backward_through_relu(const T* params, const T* x, const T* y, T* dy, T* dx, T* dparams, T* scratch,
+    static bool backward_through_relu_applies(const layer_context& ctx);
+    // requires: as backward, and backward_through_relu_applies(ctx). x is the output of the layer before, after its
+    //           ReLU; dx is non-null.
+    // ensures:  dparams written as backward writes it, and dx = the gradient of the layer before's PRE-activation
+    //           (its ReLU's backward, computed from x, already applied). The layer before then runs
+    //           backward_preactivated instead of its backward.
+    template <class Policy, class T>
+    static void backward_through_relu(const T* params, const T* x, const T* y, T* dy, T* dx, T* dparams, T* scratch,
                                       const layer_context& ctx);
     // requires: as backward, except that dy already holds the gradient of this layer's pre-activation: the layer
     //           after it has applied this layer's fused activation's backward.
@@ -216,28 +234,33 @@ struct example_layer {
 //           whose layers all alias their input is a compile error.
 
 // ---- How the Sequential uses a layer --------------------------------------------------------------------------------
-// Binding (at compile time): bind_layers binds each L to the output of the one before it, starting from the Input's
-// shape. It derives the parameter offsets, the buffer offsets and each layer's runtime generator.
-// Construction(max_batch, seed): it allocates, once and in Policy memory, the parameters, the gradients (zeroed), the
-// buffers (zeroed) and one workspace. For each layer that does not alias, the workspace holds an output and a gradient
-// of output::size * max_batch values each, plus its scratch. Then initialize(seed) runs: on the host, for each layer
-// in order, init (when param_count > 0) and init_buffers (when the layer has buffers), and the results are uploaded.
+// Binding (at compile time, static/plan.hpp): bind_layers binds each L to the output of the one before it, starting
+// from the Input's shape. The plan derives the parameter offsets, the buffer offsets, each layer's run-time
+// generators and the state_dict names.
+// Construction(max_batch, seed): the state (static/state.hpp) allocates, once and in Policy memory, the parameters,
+// the gradients (zeroed) and the buffers (zeroed), and runs initialize(seed): on the host, for each layer in order,
+// init (when param_count > 0) and init_buffers (when the layer has buffers); the results are uploaded. The executor
+// (static/executor.hpp) plans one workspace by liveness: for each layer that does not alias, an output and a gradient
+// of output::size * max_batch values each, plus its scratch, placed so that tensors whose lives in a step are apart
+// share memory (static/workspace_plan.hpp).
 // forward, predict (in chunks of max_batch, evaluation mode) and loss_value run the forwards, in order, with one
 // layer_context {n, training}. Each layer's input is the previous layer's output, and the first layer reads the staged
 // or resident batch. These passes may run any number of times without a backward.
 // train_step = forward_backward + update:
-//   1. every forward, with ctx.training = true. Layer by layer: a layer whose activation the layer before took in
-//      (forward_activated) passes its input through; else forward_activated where it applies; else forward;
-//   2. the loss writes dL/d(output) into the gradient of the last layer that computes;
-//   3. the backwards in reverse order, in the same call, with ctx.input_as_in_forward = true. Each layer's dx is the
-//      dy of the nearest computing layer before it (null for the first computing layer). Layer by layer:
-//      backward_activated where it applies; nothing for an activation the layer after took in; backward_preactivated
-//      where the layer after took in this layer's ReLU; backward_through_relu where it applies and returns true;
-//      else backward (never for a layer that aliases its input);
-//   4. the optimizer steps over the flat parameter and gradient buffers (frozen layers still get gradients).
+//   1. before each pass the fusion rules (static/fusion_rules.hpp) choose how each position runs; a position no rule
+//      takes runs the layer's own forward or backward;
+//   2. every forward, with ctx.training = true, in order;
+//   3. the loss writes dL/d(output) into the gradient of the last layer that computes;
+//   4. the backwards in reverse order, in the same call, with ctx.input_as_in_forward = true. Each layer's dx is the
+//      dy of the nearest computing layer before it (null for the first computing layer). Never for a layer that
+//      aliases its input;
+//   5. the optimizer steps over the flat parameter and gradient buffers (frozen layers still get gradients).
 // Ownership: the Sequential owns all memory and hands layers pointers into it. A layer's slices of params, dparams and
-// buffers persist for the model's lifetime and are copied with the model. Its output, gradient and scratch persist
-// only from one pass to the next (a copy of the model gets a fresh workspace).
+// buffers persist for the model's lifetime and are copied with the model. Its output, its gradient and its scratch
+// hold their values only within one pass: from its forward to its backward for the output and the scratch, from the
+// backward that writes it to its own backward for the gradient; afterwards the memory may hold another layer's
+// tensors (the model's output excepted, which last_output reads after a step). A copy of the model gets a fresh
+// workspace. The blocks run their layers the same way inside their scratch, fusion rules included.
 
 // ---- Shape errors ---------------------------------------------------------------------------------------------------
 // An L that does not accept its In stops compilation at the static_assert in layer_fits<Previous, L, In>

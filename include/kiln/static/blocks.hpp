@@ -11,10 +11,12 @@
 // with <i> counting a layer with a fused activation as two modules, as Sequential does. Initial weights are drawn
 // from one stream per sub-layer with parameters, in order, as dynamic mode's modules draw theirs.
 //
-// Not yet inside a block: layers that draw at run time (Dropout), and the fusions Sequential makes between
-// neighbouring layers (each sub-layer runs its plain forward and backward).
+// Inside a block, a chain runs as the Sequential does: the fusion rules (static/fusion_rules.hpp) choose how each of
+// its positions runs. Layers that draw at run time (Dropout) take generators of their own, in order across the
+// branches (B::runtime_generator_count), on the streams dynamic mode's modules of the same nesting take.
 #pragma once
 
+#include <array>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -25,6 +27,9 @@
 #include "kiln/core/static_shape.hpp"
 #include "kiln/layers/layer_context.hpp"
 #include "kiln/layers/parameter_info.hpp"
+#include "kiln/static/fusion_rules.hpp"
+#include "kiln/static/fusion_schedule.hpp"
+#include "kiln/static/layer_traits.hpp"
 #include "kiln/static/shape_check.hpp"
 
 namespace kiln {
@@ -38,32 +43,10 @@ namespace block_detail {
 
 constexpr index_t aligned(index_t n) { return (n + 15) / 16 * 16; }
 
-template <class B>
-constexpr bool has_buffers = requires {
-  B::buffer_count;
-  B::buffer_tensors();
-};
-template <class B>
-constexpr index_t buffer_count_of() {
-  if constexpr (has_buffers<B>) return B::buffer_count;
-  else return 0;
-}
-template <class B>
-constexpr bool draws() {
-  if constexpr (requires { B::draws_at_run_time; }) return B::draws_at_run_time;
-  else return false;
-}
-template <class B>
-constexpr std::uint64_t init_streams_of() {
-  if constexpr (requires { B::init_stream_count; }) return B::init_stream_count;
-  else return B::param_count > 0 ? 1 : 0;
-}
-// How many PyTorch modules a layer stands for: two for a layer with a fused activation (Dense<N, ReLU>).
-template <class L>
-constexpr int torch_modules() {
-  if constexpr (requires { L::fused_activation; }) return L::fused_activation != activation::identity ? 2 : 1;
-  else return 1;
-}
+using detail::buffer_count_of;
+using detail::has_buffers;
+using detail::runtime_generators_of;
+using detail::torch_modules;
 
 // The layers of a chain bound one after another from In.
 template <class In, class... Layers>
@@ -103,11 +86,14 @@ struct chain {
       index_t param[count + 1] = {}, buffer[count + 1] = {}, activation[count + 1] = {}, gradient[count + 1] = {},
               scratch[count + 1] = {};
       std::uint64_t stream[count + 1] = {};
+      std::size_t generator[count + 1] = {};
     } t;
     index_t p = 0, b = 0, s = 0;
     std::uint64_t st = 0;
+    std::size_t g = 0;
     ((t.param[I] = p, p += aligned(bind_at<I>::param_count), t.buffer[I] = b, b += buffer_count_of<bind_at<I>>(),
-      t.stream[I] = st, st += init_streams_of<bind_at<I>>(),
+      t.stream[I] = st, st += detail::init_streams<bind_at<I>>(), t.generator[I] = g,
+      g += runtime_generators_of<bind_at<I>>(),
       t.activation[I] = s, s += bind_at<I>::aliases_input ? 0 : bind_at<I>::output::size,
       t.gradient[I] = s, s += bind_at<I>::aliases_input ? 0 : bind_at<I>::output::size,
       t.scratch[I] = s, s += bind_at<I>::scratch_per_sample), ...);
@@ -115,6 +101,7 @@ struct chain {
     t.buffer[count] = b;
     t.activation[count] = t.gradient[count] = t.scratch[count] = s;
     t.stream[count] = st;
+    t.generator[count] = g;
     return t;
   }
   static constexpr auto table = offsets(std::make_index_sequence<count>{});
@@ -122,8 +109,9 @@ struct chain {
   static constexpr index_t buffer_count = table.buffer[count];
   static constexpr index_t scratch_per_sample = table.scratch[count];
   static constexpr std::uint64_t init_stream_count = table.stream[count];
-  static constexpr bool any_draws = []<std::size_t... I>(std::index_sequence<I...>) {
-    return (false || ... || draws<bind_at<I>>());
+  static constexpr std::size_t runtime_generator_count = table.generator[count];
+  static constexpr index_t parameter_values = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (index_t{0} + ... + detail::parameter_values_of<bind_at<I>>());
   }(std::make_index_sequence<count>{});
 
   template <class Body>
@@ -149,61 +137,117 @@ struct chain {
     });
   }
 
-  // Where sub-layer I's output is: its own activation rows in scratch, or (aliasing) its input.
-  template <std::size_t I, class T>
-  static T* output_of(const T* x, T* scratch, index_t n) {
-    if constexpr (bind_at<I>::aliases_input) {
-      if constexpr (I == 0) return const_cast<T*>(x);
-      else return output_of<I - 1>(x, scratch, n);
-    } else {
-      return scratch + table.activation[I] * n;
-    }
-  }
-  template <std::size_t I, class T>
-  static const T* input_of(const T* x, T* scratch, index_t n) {
-    if constexpr (I == 0) return x;
-    else return output_of<I - 1>(x, scratch, n);
-  }
+  // The chain as the fusion rules see it (static/fusion_schedule.hpp): its layers under a policy and a value type.
+  template <class Policy, class V>
+  struct view {
+    using T = V;
+    using policy = Policy;
+    static constexpr std::size_t layer_count = count;
+    template <std::size_t I>
+    using layer = layer_at<I>;
+    template <std::size_t I>
+    using bound = bind_at<I>;
+  };
+  struct pass {
+    layer_context ctx;
+    bool fuse;
+  };
 
-  // Runs the chain on x (n samples); returns where its output is (scratch, or x when every layer aliases).
+  // One call's memory: where each sub-layer reads and writes. Sub-layer I's output is its own activation rows in
+  // scratch, its input where it aliases, or its input where a forward rule passed it through; the gradient of its
+  // output is the chain's dy for the last layer and its own gradient rows otherwise (those of the layer after it,
+  // where that one aliases); the first computing layer writes the chain's dx (through the aliasing layers before it,
+  // which change no value).
+  template <class Policy, class T>
+  struct runner {
+    const T* params;
+    T* buffers;
+    T* dparams;
+    T* dy;
+    T* dx;
+    T* scratch;
+    index_t n;
+    std::array<const T*, count> inputs{};
+    std::array<T*, count> outputs{};
+    struct layer_memory {
+      const T* params;
+      T* buffers;
+      T* dparams;
+      const T* x;
+      T* y;
+      T* dy;
+      T* dx;
+      T* scratch;
+      layer_context ctx;
+    };
+    // Lays out the inputs and outputs as a forward with these choices does.
+    void place(const T* x, const std::array<int, count>& forward_choices) {
+      each([&]<std::size_t I>() {
+        inputs[I] = I == 0 ? x : outputs[I - 1];
+        outputs[I] = bind_at<I>::aliases_input || forward_choices[I] >= fusion::partner_tag
+                         ? const_cast<T*>(inputs[I])
+                         : scratch + table.activation[I] * n;
+      });
+    }
+    template <std::size_t I>
+    T* gradient() const {
+      if constexpr (I + 1 == count) return dy;
+      else if constexpr (bind_at<I + 1>::aliases_input) return gradient<I + 1>();
+      else return scratch + table.gradient[I] * n;
+    }
+    template <std::size_t I>
+    T* input_gradient() const {
+      if constexpr (I <= first_computing()) return dx;
+      else return gradient<I - 1>();
+    }
+    template <std::size_t I>
+    layer_memory at(const pass& p) const {
+      layer_context ctx = p.ctx;
+      if constexpr (runtime_generators_of<bind_at<I>>() > 0) ctx.rng = p.ctx.rng + table.generator[I];
+      return {params + table.param[I], buffers + table.buffer[I], dparams ? dparams + table.param[I] : nullptr,
+              inputs[I], outputs[I], dy ? gradient<I>() : nullptr, input_gradient<I>(),
+              scratch + table.scratch[I] * n, ctx};
+    }
+    template <std::size_t I>
+    void pass_through() {
+      outputs[I] = const_cast<T*>(inputs[I]);
+    }
+  };
+
+  // Runs the chain on x (n samples); returns where its output is (scratch, or x when every layer aliases). Each
+  // position runs as the fusion rules choose for the pass.
   template <class Policy, class T>
   static const T* forward(const T* params, T* buffers, const T* x, T* scratch, const layer_context& ctx, bool fuse) {
-    const index_t n = ctx.batch;
+    using G = view<Policy, T>;
+    const pass p{ctx, fuse};
+    runner<Policy, T> r{params, buffers, nullptr, nullptr, nullptr, scratch, ctx.batch};
+    const auto choices = fusion::choose<G, fusion::forward_rules, +1>(p);
     each([&]<std::size_t I>() {
-      using B = bind_at<I>;
-      if constexpr (!B::aliases_input)
-        B::template forward<Policy>(params + table.param[I], buffers + table.buffer[I], input_of<I>(x, scratch, n),
-                                    output_of<I>(x, scratch, n), scratch + table.scratch[I] * n, ctx, fuse);
+      r.inputs[I] = I == 0 ? x : r.outputs[I - 1];
+      r.outputs[I] = bind_at<I>::aliases_input ? const_cast<T*>(r.inputs[I]) : scratch + table.activation[I] * r.n;
+      if constexpr (!bind_at<I>::aliases_input) {
+        if (!fusion::run<G, fusion::forward_rules, I>(choices[I], r, p)) {
+          const auto m = r.template at<I>(p);
+          bind_at<I>::template forward<Policy>(m.params, m.buffers, m.x, m.y, m.scratch, m.ctx, fuse);
+        }
+      }
     });
-    return output_of<count - 1>(x, scratch, n);
-  }
-
-  // The gradient of sub-layer I's output: dy for the last layer; its own gradient rows otherwise, or (when the layer
-  // after aliases its input) that layer's.
-  template <std::size_t I, class T>
-  static T* gradient_of(T* dy, T* scratch, index_t n) {
-    if constexpr (I + 1 == count) {
-      return dy;
-    } else if constexpr (bind_at<I + 1>::aliases_input) {
-      return gradient_of<I + 1>(dy, scratch, n);
-    } else {
-      return scratch + table.gradient[I] * n;
-    }
+    return r.outputs[count - 1];
   }
 
   // Back-propagates dy (the gradient of the chain's output; it may be overwritten) into dx (the gradient of x,
-  // overwritten, or null when none is wanted) and dparams (overwritten).
+  // overwritten, or null when none is wanted) and dparams (overwritten), right after forward with the same context:
+  // ctx.fuse_epilogues says what forward's `fuse` said, so the forward's choices are made again.
   template <class Policy, class T>
   static void backward(const T* params, const T* x, T* dy, T* dx, T* dparams, T* scratch, const layer_context& ctx) {
-    const index_t n = ctx.batch;
+    using G = view<Policy, T>;
+    runner<Policy, T> r{params, nullptr, dparams, dy, dx, scratch, ctx.batch};
+    r.place(x, fusion::choose<G, fusion::forward_rules, +1>(pass{ctx, ctx.fuse_epilogues}));
+    const pass p{ctx, ctx.fuse_epilogues};
+    const auto choices = fusion::choose<G, fusion::backward_rules, -1>(p);
     [&]<std::size_t... R>(std::index_sequence<R...>) {
-      (backward_one<count - 1 - R, Policy>(params, x, dy, dx, dparams, scratch, ctx), ...);
+      (backward_one<count - 1 - R, Policy>(choices[count - 1 - R], r, p), ...);
     }(std::make_index_sequence<count>{});
-    // A chain whose first layers alias their input hands its gradient through.
-    if constexpr (first_computing() > 0) {
-      if (dx) Policy::copy(static_cast<const T*>(gradient_of<first_computing() - 1>(dy, scratch, n)), dx,
-                           n * In::size);
-    }
   }
   static constexpr std::size_t first_computing() {
     std::size_t first = count;
@@ -213,19 +257,39 @@ struct chain {
     return first;
   }
   template <std::size_t I, class Policy, class T>
-  static void backward_one(const T* params, const T* x, T* dy, T* dx, T* dparams, T* scratch,
-                           const layer_context& ctx) {
+  static void backward_one(int choice, runner<Policy, T>& r, const pass& p) {
     using B = bind_at<I>;
     if constexpr (!B::aliases_input) {
-      const index_t n = ctx.batch;
-      T* input_gradient = nullptr;
-      if constexpr (I == first_computing()) input_gradient = I == 0 ? dx : (dx ? gradient_of<I - 1>(dy, scratch, n) : nullptr);
-      else input_gradient = gradient_of<I - 1>(dy, scratch, n);
-      T* own_scratch = const_cast<T*>(scratch) + table.scratch[I] * n;
-      B::template backward<Policy>(params + table.param[I], input_of<I>(x, scratch, n), output_of<I>(x, scratch, n),
-                                   gradient_of<I>(dy, scratch, n), input_gradient, dparams + table.param[I],
-                                   own_scratch, ctx);
+      if (!fusion::run<view<Policy, T>, fusion::backward_rules, I>(choice, r, p)) {
+        const auto m = r.template at<I>(p);
+        B::template backward<Policy>(m.params, m.x, m.y, m.dy, m.dx, m.dparams, m.scratch, m.ctx);
+      }
     }
+  }
+
+  // The fusions a pass of this chain makes, one line each, its positions named "<prefix><module index> <layer>", and
+  // those inside the blocks it holds.
+  template <class Policy, class T>
+  static void fusions(const layer_context& ctx, bool fuse, const std::string& prefix, std::vector<std::string>& out) {
+    using G = view<Policy, T>;
+    std::vector<std::string> labels;
+    int torch_index = 0;
+    each([&]<std::size_t I>() {
+      labels.push_back(prefix + std::to_string(torch_index) + " " + bind_at<I>::description());
+      torch_index += torch_modules<layer_at<I>>();
+    });
+    fusion::describe<fusion::forward_rules>(fusion::choose<G, fusion::forward_rules, +1>(pass{ctx, fuse}), labels,
+                                            out);
+    layer_context backward_ctx = ctx;
+    backward_ctx.input_as_in_forward = true;
+    fusion::describe<fusion::backward_rules>(fusion::choose<G, fusion::backward_rules, -1>(pass{backward_ctx, fuse}),
+                                             labels, out);
+    torch_index = 0;
+    each([&]<std::size_t I>() {
+      if constexpr (requires { &bind_at<I>::template fusions<Policy, T>; })
+        bind_at<I>::template fusions<Policy, T>(ctx, fuse, prefix + std::to_string(torch_index) + ".", out);
+      torch_index += torch_modules<layer_at<I>>();
+    });
   }
 
   // Sub-layer parameter (or buffer) tensors, named "<prefix><module index>.<name>", offsets within the chain's slice.
@@ -310,21 +374,31 @@ struct branch_table {
     struct table {
       index_t param[count + 1] = {}, buffer[count + 1] = {}, scratch[count + 1] = {};
       std::uint64_t stream[count + 1] = {};
+      std::size_t generator[count + 1] = {};
     } t;
     index_t p = 0, b = 0, s = 0;
     std::uint64_t st = 0;
-    std::size_t i = 0;
-    ((t.param[i] = p, t.buffer[i] = b, t.scratch[i] = s, t.stream[i] = st, p += aligned(Chains::param_count),
-      b += Chains::buffer_count, s += Chains::scratch_per_sample, st += Chains::init_stream_count, ++i),
+    std::size_t g = 0, i = 0;
+    ((t.param[i] = p, t.buffer[i] = b, t.scratch[i] = s, t.stream[i] = st, t.generator[i] = g,
+      p += aligned(Chains::param_count), b += Chains::buffer_count, s += Chains::scratch_per_sample,
+      st += Chains::init_stream_count, g += Chains::runtime_generator_count, ++i),
      ...);
     t.param[count] = p;
     t.buffer[count] = b;
     t.scratch[count] = s;
     t.stream[count] = st;
+    t.generator[count] = g;
     return t;
   }
   static constexpr auto table = make();
-  static constexpr bool any_draws = (false || ... || Chains::any_draws);
+  static constexpr index_t parameter_values = (index_t{0} + ... + Chains::parameter_values);
+  // Branch I's context: the block's, with the branch's first generator where its layers draw.
+  template <std::size_t I>
+  static layer_context context(const layer_context& ctx) {
+    layer_context own = ctx;
+    if (own.rng) own.rng += table.generator[I];
+    return own;
+  }
 
   template <class Body>
   static void each(Body&& body) {
@@ -343,6 +417,14 @@ struct branch_table {
   template <class T>
   static void init_buffers(T* buffers) {
     each([&]<std::size_t I, class C>() { C::init_buffers(buffers + table.buffer[I]); });
+  }
+  // The fusions each branch's chain makes, under the block's prefix and the branch's own ("1.body.").
+  template <class Policy, class T>
+  static void fusions(const layer_context& ctx, bool fuse, const std::string& prefix,
+                      const std::vector<std::string>& branch_prefixes, std::vector<std::string>& out) {
+    each([&]<std::size_t I, class C>() {
+      C::template fusions<Policy, T>(context<I>(ctx), fuse, prefix + branch_prefixes[I], out);
+    });
   }
   static std::vector<static_parameter_info> tensors(bool buffers, const std::vector<std::string>& prefixes) {
     std::vector<static_parameter_info> out;
@@ -388,7 +470,8 @@ struct branches_of {
     const index_t n = ctx.batch;
     table::each([&]<std::size_t I, class C>() {
       out[I] = C::template forward<Policy>(params + table::table.param[I], buffers + table::table.buffer[I], x,
-                                          scratch + table::table.scratch[I] * n, ctx, fuse);
+                                          scratch + table::table.scratch[I] * n, table::template context<I>(ctx),
+                                          fuse);
     });
   }
   // Back-propagates branch b from dys[b] (overwritten); dx (overwritten, or null) gets the sum over the branches,
@@ -400,7 +483,7 @@ struct branches_of {
     table::each([&]<std::size_t I, class C>() {
       T* into = (I == 0 || !dx) ? dx : dx_scratch;
       C::template backward<Policy>(params + table::table.param[I], x, dys[I], into, dparams + table::table.param[I],
-                                   scratch + table::table.scratch[I] * n, ctx);
+                                   scratch + table::table.scratch[I] * n, table::template context<I>(ctx));
       if (I > 0 && dx) Policy::accumulate(static_cast<const T*>(dx_scratch), dx, n * In::size);
     });
   }
@@ -418,14 +501,15 @@ template <class Branches, class Prefixes>
 struct branch_members {
   static constexpr std::size_t branch_count = Branches::count;
   static constexpr index_t param_count = Branches::table.param[branch_count];
+  static constexpr index_t parameter_values = Branches::parameter_values;
   static constexpr index_t buffer_count = Branches::table.buffer[branch_count];
   static constexpr std::uint64_t init_stream_count = Branches::table.stream[branch_count];
   // The branches' own scratch, per sample; a block plans what it needs after it.
   static constexpr index_t branch_scratch = Branches::table.scratch[branch_count];
   static constexpr bool aliases_input = false;
-  static_assert(!Branches::any_draws,
-                "kiln: layers that draw at run time (Dropout) are not supported inside a block (Residual, Add, "
-                "Concat, Chain) yet");
+  // The generators of the layers inside that draw at run time (Dropout), in branch order: ctx.rng points to the first.
+  static constexpr std::size_t runtime_generator_count = Branches::table.generator[branch_count];
+  static constexpr bool draws_at_run_time = runtime_generator_count > 0;
 
   template <class T>
   static void init(T* params, random_generator& rng) {
@@ -436,6 +520,12 @@ struct branch_members {
     Branches::init_buffers(buffers);
   }
   static std::vector<static_parameter_info> parameter_tensors() { return Branches::tensors(false, Prefixes::get()); }
+  // The fusions inside the block, one line each, the positions under the block's names ("1.body.0 Conv2D(...) +
+  // 1.body.1 ReLU: ...").
+  template <class Policy, class T>
+  static void fusions(const layer_context& ctx, bool fuse, const std::string& prefix, std::vector<std::string>& out) {
+    Branches::template fusions<Policy, T>(ctx, fuse, prefix, Prefixes::get(), out);
+  }
   static std::vector<static_parameter_info> buffer_tensors() { return Branches::tensors(true, Prefixes::get()); }
 };
 
@@ -533,7 +623,7 @@ struct Residual : block_detail::block_layer {
       const T* s = x;
       if constexpr (has_shortcut)
         s = shortcut::template forward<Policy>(params + t.param[1], buffers + t.buffer[1], x, scratch + t.scratch[1] * n,
-                                               ctx, fuse);
+                                               branches::template context<1>(ctx), fuse);
       Policy::add(s, f, y, n * output::size);
     }
     template <class Policy, class T>
@@ -548,7 +638,7 @@ struct Residual : block_detail::block_layer {
       body::template backward<Policy>(params, x, dy, dx ? body_dx : nullptr, dparams, scratch, ctx);
       if constexpr (has_shortcut)
         shortcut::template backward<Policy>(params + t.param[1], x, dy_copy, dx, dparams + t.param[1],
-                                            scratch + t.scratch[1] * n, ctx);
+                                            scratch + t.scratch[1] * n, branches::template context<1>(ctx));
       if (dx) Policy::accumulate(static_cast<const T*>(body_dx), dx, n * In::size);
     }
     static std::string description() {

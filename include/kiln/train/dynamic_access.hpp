@@ -107,6 +107,8 @@ struct model_access<M> {
   }
   void set_weights(M& net, const weight_snapshot& w) const { net.load_state_dict(w); }
 
+  // Notes under the summary's table: none in dynamic mode, which plans no memory and fuses nothing ahead of a step.
+  std::vector<std::string> plan_notes(const M&) const { return {}; }
   // One row per child module; output shapes come from running one zero sample through the children, which needs a
   // sample shape seen in fit or evaluate (shown as "?" before).
   std::vector<layer_summary> summary_rows(const M& net) const {

@@ -165,6 +165,7 @@ class Model : private train::model_port {
     index_t trainable = access_.trainable_parameters(net_), frozen = access_.non_trainable_parameters(net_);
     out << "Total params: " << trainable + frozen << "\nTrainable params: " << trainable
         << "\nNon-trainable params: " << frozen << '\n';
+    for (const auto& note : access_.plan_notes(net_)) out << note << '\n';
     rule('_');
   }
 

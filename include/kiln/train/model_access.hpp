@@ -49,6 +49,16 @@ struct model_access<Sequential<Policy, InputSpec, Layers...>> {
   static weight_snapshot weights(const net_type& net) { return net.state_dict(); }
   static void set_weights(net_type& net, const weight_snapshot& w) { net.load_state_dict(w); }
   static std::vector<layer_summary> summary_rows(const net_type&) { return net_type::summary_rows(); }
+  // Notes under the summary's table: the planned workspace against the same tensors without sharing, and the
+  // fusions a training step makes.
+  static std::vector<std::string> plan_notes(const net_type& net) {
+    const auto kib = [](index_t bytes) { return std::to_string((bytes + 1023) / 1024) + " KiB"; };
+    std::vector<std::string> notes{"Workspace for batches of " + std::to_string(net.max_batch()) + ": " +
+                                   kib(net.workspace_bytes()) + " planned by liveness (" +
+                                   kib(net.unshared_workspace_bytes()) + " for every tensor apart)"};
+    for (auto& line : net.fusions()) notes.push_back("Fused: " + line);
+    return notes;
+  }
   static index_t trainable_parameters(const net_type& net) { return net.trainable_parameter_count(); }
   static index_t non_trainable_parameters(const net_type& net) {
     return net_type::parameter_count() - net.trainable_parameter_count();

@@ -65,6 +65,11 @@ class basic_residual : public basic_module<T> {
   std::string name() const override { return "Residual"; }
   basic_module<T>& body() const { return *body_; }
   bool has_shortcut() const { return shortcut_ != nullptr; }
+  // The shortcut; only when has_shortcut().
+  basic_module<T>& shortcut() const {
+    if (!shortcut_) fail(this->describe(), ": this residual block has no shortcut (y = x + body(x))");
+    return *shortcut_;
+  }
 
  private:
   std::shared_ptr<basic_module<T>> body_, shortcut_;
@@ -120,6 +125,8 @@ class basic_concat : public basic_module<T> {
   }
   std::string name() const override { return "Concat"; }
   std::string extra_repr() const override { return "dim=" + std::to_string(dim_); }
+  // The dim the branches' outputs are joined along, as given (PyTorch's numbering; negative counts from the end).
+  int dim() const { return dim_; }
 
  private:
   template <class M>

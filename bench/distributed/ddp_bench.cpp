@@ -1,0 +1,176 @@
+// Data-parallel training over MPI on the wide MLP (784 -> 1024 ReLU -> 1024 ReLU -> 10, Adam, a batch of 256 split
+// across the ranks), in static mode: how much faster the ranks train than one process, and how much of the
+// all-reduce the overlap with the backward hides.
+//
+//   mpirun -np 2 --bind-to core build/bench/distributed/ddp_bench [--rounds 15] [--block 4] [--threads 1]
+//          [--bucket-mb 25] [--first-bucket-mb 1]
+//
+// Modes, each with its own copy of the same model, trained on the same batches (drawn once from a fixed seed):
+//   single   rank 0 alone on the whole batch of 256, the other ranks waiting: one process's step;
+//   local    every rank on its share of the batch, without any communication: the ranks' compute alone;
+//   after    static_data_parallel with the buckets all-reduced after the backward (bucket_options::overlap off);
+//   polled   the same overlap without the progress thread: the training thread polls the buckets at each layer;
+//   overlap  static_data_parallel as it runs by default, each bucket all-reduced as soon as the backward fills it,
+//            moved forward by the reducer's progress thread during the backward;
+//   reduce   no training: the ranks meet at a barrier, then one blocking all-reduce of a buffer of the gradients'
+//            size (and its division by the ranks) is timed: the transfer and the sums without a wait for a slower rank.
+// The modes take turns, --block steps each, for --rounds rounds, so that a shared machine's slow and fast phases fall
+// on all of them alike (docs/benchmarks.md). A mode's figure is the median of its steps. Before any time is printed,
+// the bench checks that `after`, `polled` and `overlap` hold the same parameters, bit for bit (the same buckets give the same
+// sums whenever they start), and the same on every rank.
+//
+// The all-reduce's cost in a step is after - local (its transfer and sums, and the wait for the slower rank, which on a
+// shared machine is most of it); the overlap leaves overlap - local of it in the step, and hides the rest:
+// hidden = 1 - (overlap - local) / (after - local). With one rank the all-reduces have nothing to wait for.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../../examples/common.hpp"
+#include "kiln/distributed.hpp"
+#include "kiln/kiln.hpp"
+
+using namespace kiln;
+
+namespace {
+
+using wide_mlp = Sequential<policy::cpu, Input<784>, Dense<1024, ReLU>, Dense<1024, ReLU>, Dense<10>>;
+constexpr index_t global_batch = 256, batch_pool = 8;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::flags flags(argc, argv, {"--block", "--bucket-mb", "--first-bucket-mb", "--rounds"});
+  const int rounds = static_cast<int>(flags.get_int("--rounds", 15));
+  const int block = static_cast<int>(flags.get_int("--block", 4));
+  const int threads = static_cast<int>(flags.get_int("--threads", 1));
+  const double bucket_mb = flags.get_double("--bucket-mb", 25), first_bucket_mb = flags.get_double("--first-bucket-mb", 1);
+  if (rounds < 1 || block < 1) fail("--rounds and --block: expected positive numbers, found ", rounds, " and ", block);
+  set_num_threads(threads);
+
+  distributed::process_group group;
+  const int rank = group.rank(), world = group.size();
+  if (global_batch % world) fail("ddp_bench: expected a number of ranks that divides ", global_batch, ", found ", world);
+  const index_t share = global_batch / world;
+
+  // The batches, the same on every rank; rank r trains on rows [r * share, (r + 1) * share) of each.
+  random_generator rng(1234);
+  Tensor<float> x(shape{batch_pool * global_batch, 784});
+  Tensor<std::int64_t> y(shape{batch_pool * global_batch});
+  for (index_t i = 0; i < x.numel(); ++i) x.data()[i] = rng.normal<float>();
+  for (index_t i = 0; i < y.numel(); ++i) y.data()[i] = static_cast<std::int64_t>(rng.below(10));
+  auto rows = [&](index_t step, index_t first, index_t count) {
+    const index_t base = (step % batch_pool) * global_batch + first;
+    return std::pair{x.rows(base, count), y.rows(base, count)};
+  };
+
+  const distributed::bucket_options buckets{.bucket_bytes = static_cast<index_t>(bucket_mb * (1 << 20)),
+                                            .first_bucket_bytes = static_cast<index_t>(first_bucket_mb * (1 << 20))};
+  distributed::bucket_options after_buckets = buckets, polled_buckets = buckets;
+  after_buckets.overlap = false;
+  polled_buckets.progress_thread = false;
+  wide_mlp single(global_batch, 42), local(share, 42), after(share, 42), polled(share, 42), overlap(share, 42);
+  distributed::static_data_parallel ddp_after(after, group, after_buckets), ddp_polled(polled, group, polled_buckets),
+      ddp_overlap(overlap, group, buckets);
+  optim::Adam adam_single({.lr = 1e-3}), adam_local({.lr = 1e-3}), adam_after({.lr = 1e-3}), adam_polled({.lr = 1e-3}),
+      adam_overlap({.lr = 1e-3});
+
+  std::vector<float> reduced(static_cast<std::size_t>(wide_mlp::flat_parameter_size), 1.0f);
+
+  enum { single_mode, local_mode, after_mode, polled_mode, overlap_mode, reduce_mode, mode_count };
+  const char* names[mode_count] = {"single", "local", "after", "polled", "overlap", "reduce"};
+  std::vector<double> times[mode_count], waits[mode_count];
+  index_t steps[mode_count] = {};
+  auto step = [&](int mode) {
+    const index_t s = steps[mode]++;
+    const auto [xs, ys] = rows(s, rank * share, share);
+    if (mode == reduce_mode) group.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    if (mode == single_mode) {
+      if (rank == 0) {
+        const auto [xa, ya] = rows(s, 0, global_batch);
+        single.train_step(xa, ya, loss::cross_entropy{}, adam_single);
+      }
+    } else if (mode == local_mode) {
+      local.train_step(xs, ys, loss::cross_entropy{}, adam_local);
+    } else if (mode == after_mode) {
+      ddp_after.train_step(xs, ys, loss::cross_entropy{}, adam_after);
+      waits[mode].push_back(ddp_after.reducer().wait_seconds());
+    } else if (mode == reduce_mode) {
+      group.all_reduce(std::span<float>(reduced), distributed::reduce_op::average);  // as the reducer: sum, divide
+    } else if (mode == polled_mode) {
+      ddp_polled.train_step(xs, ys, loss::cross_entropy{}, adam_polled);
+      waits[mode].push_back(ddp_polled.reducer().wait_seconds());
+    } else {
+      ddp_overlap.train_step(xs, ys, loss::cross_entropy{}, adam_overlap);
+      waits[mode].push_back(ddp_overlap.reducer().wait_seconds());
+    }
+    times[mode].push_back(examples::seconds_since(start));
+  };
+  // One untimed step of each mode first (first-touch of the workspaces and the optimizer's state).
+  for (int mode = 0; mode < mode_count; ++mode) {
+    step(mode);
+    times[mode].clear();
+    waits[mode].clear();
+  }
+  for (int round = 0; round < rounds; ++round)
+    for (int mode = 0; mode < mode_count; ++mode) {
+      group.barrier();  // every rank starts a turn together; `single` waits here on the ranks but rank 0
+      for (int b = 0; b < block; ++b) step(mode);
+    }
+
+  // The checks before any time: the same buckets give the same parameters with and without the overlap, on every
+  // rank.
+  const auto a = after.parameter_values(), p = polled.parameter_values(), o = overlap.parameter_values();
+  if (!std::equal(a.begin(), a.end(), o.begin()) || !std::equal(p.begin(), p.end(), o.begin()))
+    fail("ddp_bench: the overlapped and the after-backward all-reduces trained different parameters");
+  std::vector<float> root(o.begin(), o.end());
+  group.broadcast(std::span<float>(root));
+  std::int64_t differ = !std::equal(root.begin(), root.end(), o.begin());
+  group.all_reduce(std::span<std::int64_t>(&differ, 1));
+  if (differ) fail("ddp_bench: the ranks' parameters differ after training");
+
+  // Rank 0's figures (every rank waits for the slowest at each all-reduce, so theirs are alike).
+  double ms[mode_count], wait_ms[mode_count] = {};
+  for (int mode = 0; mode < mode_count; ++mode) {
+    ms[mode] = median(times[mode]) * 1e3;
+    wait_ms[mode] = median(waits[mode]) * 1e3;
+  }
+  const double reduce_ms = ms[after_mode] - ms[local_mode], exposed_ms = ms[overlap_mode] - ms[local_mode];
+  const double hidden = reduce_ms > 0 ? 1 - exposed_ms / reduce_ms : 0;
+  if (rank == 0) {
+    std::printf("wide MLP 784-1024-1024-10, batch %lld over %d rank%s (%lld each), %d thread%s per rank, Adam; "
+                "buckets of %.3g MB (first %.3g MB), %zu per step; %d rounds of %d steps\n",
+                static_cast<long long>(global_batch), world, world == 1 ? "" : "s", static_cast<long long>(share),
+                threads, threads == 1 ? "" : "s", bucket_mb, first_bucket_mb, ddp_overlap.reducer().bucket_count(),
+                rounds, block);
+    std::printf("%-8s %10s %14s\n", "mode", "step ms", "end wait ms");
+    for (int mode = 0; mode < mode_count; ++mode)
+      std::printf("%-8s %10.3f %14.3f\n", names[mode], ms[mode], wait_ms[mode]);
+    if (world > 1)
+      std::printf("speed-up over one process: %.2fx; all-reduce %.3f ms after the backward, %.3f ms left with the "
+                  "overlap: %.0f%% hidden\n",
+                  ms[single_mode] / ms[overlap_mode], reduce_ms, exposed_ms, hidden * 100);
+    for (int mode = 0; mode < mode_count; ++mode)
+      std::printf("RESULT bench=ddp_bench workload=wide_mlp ranks=%d threads=%d mode=%s step_ms=%.3f "
+                  "end_wait_ms=%.3f\n",
+                  world, threads, names[mode], ms[mode], wait_ms[mode]);
+    std::printf("RESULT bench=ddp_bench workload=wide_mlp ranks=%d threads=%d speedup=%.3f allreduce_ms=%.3f "
+                "exposed_ms=%.3f hidden=%.3f\n",
+                world, threads, ms[single_mode] / ms[overlap_mode], reduce_ms, exposed_ms, hidden);
+  }
+  return 0;
+} catch (const kiln::error& e) {
+  std::fprintf(stderr, "ddp_bench: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,121 @@
+// kiln::distributed::dynamic_data_parallel: data-parallel training of a dynamic model (an nn::Module) over the ranks of
+// a process group, as PyTorch's DistributedDataParallel:
+//
+//   distributed::dynamic_data_parallel ddp(model, group);  // checks the ranks' models agree, copies rank 0's
+//   optim::Adam adam(model.parameters(), {.lr = 1e-3});
+//   adam.zero_grad();
+//   auto loss = nn::cross_entropy(model(nn::Variable::borrowing(x)), y.span());
+//   loss.backward();
+//   ddp.reduce_gradients();                                // the average of every rank's gradients
+//   adam.step();
+//
+// The parameters that require grad are reduced in buckets in reverse registration order (the order the backward
+// finishes them), with the same caps as PyTorch's (bucket_options). Each bucket is a part of one flat host buffer that
+// the gradients are copied into, and is all-reduced by gradient_reducer as soon as it is full, while the next ones
+// are being copied. A parameter that got no gradient in this step (unused by the forward, or still lazily zeroed by
+// zero_grad) counts as zeros, so the ranks' buckets still match; every reduced gradient is written back.
+//
+// The autograd tape has no per-parameter gradient-ready hooks, so the reduction starts after backward() returns
+// rather than during it: unlike static mode (static_data_parallel), it does not overlap the backward.
+// Buffers (running statistics) are rank 0's at the start and each rank's own afterwards.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "kiln/core/config.hpp"
+#include "kiln/core/memory.hpp"
+#include "kiln/dynamic/module.hpp"
+#include "kiln/dynamic/policy.hpp"
+#include "kiln/dynamic/variable.hpp"
+#include "kiln/distributed/gradient_reducer.hpp"
+#include "kiln/distributed/process_group.hpp"
+#include "kiln/distributed/static_data_parallel.hpp"
+
+namespace kiln::distributed {
+
+template <class T>
+class basic_dynamic_data_parallel {
+ public:
+  static_assert(nn::dynamic_policy::host_accessible,
+                "kiln::distributed::dynamic_data_parallel: MPI reduces host memory; dynamic mode on a GPU policy "
+                "needs a process group over NCCL");
+
+  // Checks that every rank's module has the same parameters (every rank fails, naming each rank's count, when one
+  // differs) and copies rank 0's parameters and buffers to the others. The parameters that require grad now are
+  // the ones reduced. Every rank must make it at the same point of the program.
+  basic_dynamic_data_parallel(nn::basic_module<T>& module, process_group& group, bucket_options options = {})
+      : module_(&module), group_(&group), reducer_(group, options) {
+    index_t offset = 0;
+    std::uint64_t h = detail::fingerprint_seed;
+    for (const auto& [name, p] : module.named_parameters()) {
+      h = detail::fingerprint(h, name, p.shape());
+      if (!p.requires_grad()) continue;
+      entries_.push_back({p, offset});
+      offset += p.numel();
+    }
+    group.check_same(static_cast<std::int64_t>(module.named_parameters().size()), "number of parameter tensors");
+    group.check_same(offset, "number of parameter values that require grad");
+    group.check_same(static_cast<std::int64_t>(h), "fingerprint of the parameter names and shapes");
+    flat_ = aligned_buffer<T>(offset);
+    broadcast_state();
+  }
+
+  // Copies the parameters and buffers of rank `root` to every rank.
+  void broadcast_state(int root = 0) {
+    for (const auto& p : module_->parameters())
+      group_->broadcast(std::span<T>(p.data(), static_cast<std::size_t>(p.numel())), root,
+                        "broadcast of a parameter");
+    for (const auto& b : module_->buffers())
+      group_->broadcast(std::span<T>(b.data(), static_cast<std::size_t>(b.numel())), root, "broadcast of a buffer");
+  }
+
+  // Between backward() and the optimizer's step: every reduced parameter's gradient becomes the average over the
+  // ranks.
+  void reduce_gradients() {
+    std::span<T> flat(flat_.data(), static_cast<std::size_t>(flat_.size()));
+    reducer_.begin(flat);
+    for (auto e = entries_.rbegin(); e != entries_.rend(); ++e) {
+      const optim::parameter_slot<T> slot = as_parameter_slot(e->parameter);
+      T* into = flat_.data() + e->offset;
+      if (slot.grad_pending_zero && *slot.grad_pending_zero) std::memset(into, 0, bytes(slot.size));
+      else std::memcpy(into, slot.grad, bytes(slot.size));
+      reducer_.ready(e->offset, slot.size);
+    }
+    reducer_.finish();
+    for (const auto& e : entries_) {
+      const optim::parameter_slot<T> slot = as_parameter_slot(e.parameter);
+      std::memcpy(slot.grad, flat_.data() + e.offset, bytes(slot.size));
+      if (slot.grad_pending_zero) *slot.grad_pending_zero = false;  // written now, whatever zero_grad left
+    }
+  }
+
+  // The average over the ranks of one number per rank (a loss, a metric): a blocking all-reduce.
+  double average(double value) {
+    group_->all_reduce(std::span<double>(&value, 1), reduce_op::average, "average");
+    return value;
+  }
+
+  nn::basic_module<T>& module() { return *module_; }
+  process_group& group() { return *group_; }
+  const gradient_reducer<T>& reducer() const { return reducer_; }
+
+ private:
+  struct entry {
+    nn::basic_variable<T> parameter;
+    index_t offset;  // in flat_, registration order
+  };
+  static std::size_t bytes(index_t count) { return static_cast<std::size_t>(count) * sizeof(T); }
+
+  nn::basic_module<T>* module_;
+  process_group* group_;
+  gradient_reducer<T> reducer_;
+  std::vector<entry> entries_;
+  aligned_buffer<T> flat_;
+};
+
+using dynamic_data_parallel = basic_dynamic_data_parallel<float>;
+
+}  // namespace kiln::distributed
