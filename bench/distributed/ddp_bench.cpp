@@ -16,8 +16,8 @@
 //            size (and its division by the ranks) is timed: the transfer and the sums without a wait for a slower rank.
 // The modes take turns, --block steps each, for --rounds rounds, so that a shared machine's slow and fast phases fall
 // on all of them alike (docs/benchmarks.md). A mode's figure is the median of its steps. Before any time is printed,
-// the bench checks that `after`, `polled` and `overlap` hold the same parameters, bit for bit (the same buckets give the same
-// sums whenever they start), and the same on every rank.
+// the bench checks that `after`, `polled` and `overlap` hold the same parameters, bit for bit (the same buckets give
+// the same sums whenever they start), and the same on every rank.
 //
 // The all-reduce's cost in a step is after - local (its transfer and sums, and the wait for the slower rank, which on a
 // shared machine is most of it); the overlap leaves overlap - local of it in the step, and hides the rest:
@@ -54,13 +54,15 @@ int main(int argc, char** argv) try {
   const int rounds = static_cast<int>(flags.get_int("--rounds", 15));
   const int block = static_cast<int>(flags.get_int("--block", 4));
   const int threads = static_cast<int>(flags.get_int("--threads", 1));
-  const double bucket_mb = flags.get_double("--bucket-mb", 25), first_bucket_mb = flags.get_double("--first-bucket-mb", 1);
+  const double bucket_mb = flags.get_double("--bucket-mb", 25);
+  const double first_bucket_mb = flags.get_double("--first-bucket-mb", 1);
   if (rounds < 1 || block < 1) fail("--rounds and --block: expected positive numbers, found ", rounds, " and ", block);
   set_num_threads(threads);
 
   distributed::process_group group;
   const int rank = group.rank(), world = group.size();
-  if (global_batch % world) fail("ddp_bench: expected a number of ranks that divides ", global_batch, ", found ", world);
+  if (global_batch % world)
+    fail("ddp_bench: expected a number of ranks that divides ", global_batch, ", found ", world);
   const index_t share = global_batch / world;
 
   // The batches, the same on every rank; rank r trains on rows [r * share, (r + 1) * share) of each.

@@ -9,15 +9,19 @@
 // product, which adds 64 terms in another order than two products of 32 whose sums are then added.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include "kiln/distributed.hpp"
 #include "kiln/dynamic/nn.hpp"
+#include "kiln/io/checkpoint.hpp"
 #include "kiln/kiln.hpp"
 
 using namespace kiln;
@@ -44,7 +48,8 @@ struct batch_tensors {
   Tensor<std::int64_t> y;
 };
 batch_tensors gather(const data::tensor_dataset<float, std::int64_t>& data, std::span<const index_t> indices) {
-  batch_tensors b{Tensor<float>(shape{index_t(indices.size()), features}), Tensor<std::int64_t>(shape{index_t(indices.size())})};
+  const auto rows = static_cast<index_t>(indices.size());
+  batch_tensors b{Tensor<float>(shape{rows, features}), Tensor<std::int64_t>(shape{rows})};
   data::get_batch(data, indices, b.x.view(), b.y.view());
   return b;
 }
@@ -171,7 +176,8 @@ TEST_CASE("static mode: 2 ranks x 32 samples train as 1 process x 64 for 20 step
   // the same training with the buckets reduced after the backward instead of during it.
   Net net(32, 7 + std::uint64_t(group.rank())), after(32, 7 + std::uint64_t(group.rank()));
   dist::static_data_parallel ddp(net, group, {.bucket_bytes = 2048, .first_bucket_bytes = 512});
-  dist::static_data_parallel ddp_after(after, group, {.bucket_bytes = 2048, .first_bucket_bytes = 512, .overlap = false});
+  dist::static_data_parallel ddp_after(after, group,
+                                       {.bucket_bytes = 2048, .first_bucket_bytes = 512, .overlap = false});
   optim::SGD sgd({.lr = 0.05, .momentum = 0.9}), sgd_after({.lr = 0.05, .momentum = 0.9});
   for (index_t s = 0; s < steps; ++s) {
     auto b = gather(data, step_indices(mine.indices(std::uint64_t(s / steps_per_epoch)), s, 32));
@@ -192,6 +198,58 @@ TEST_CASE("static mode: 2 ranks x 32 samples train as 1 process x 64 for 20 step
   CHECK_THROWS_AS(ddp.train_step(b.x.view(), b.y.view().rows(0, 31), loss::cross_entropy{}, sgd), kiln::error);
   ddp.train_step(b.x.view(), b.y.view(), loss::cross_entropy{}, sgd);
   CHECK(same_on_every_rank(group, net.parameter_values()));
+}
+
+TEST_CASE("static mode: a checkpoint written by 2 ranks resumes with 2, and with 1 process on the whole batch") {
+  set_num_threads(1);
+  dist::process_group group;
+  const auto data = make_data();
+  const dist::sampler_options sampling{.seed = 17};
+  const dist::distributed_sampler whole(samples, 0, 1, sampling), mine(samples, group.rank(), 2, sampling);
+  auto rank_batch = [&](index_t s) {
+    return gather(data, step_indices(mine.indices(std::uint64_t(s / steps_per_epoch)), s, 32));
+  };
+  auto train = [&](auto& ddp, optim::Adam& adam, index_t from, index_t to) {
+    for (index_t s = from; s < to; ++s) {
+      auto b = rank_batch(s);
+      ddp.train_step(b.x.view(), b.y.view(), loss::cross_entropy{}, adam);
+    }
+  };
+  // Rank 0 writes, every rank reads: one file on this machine, named after rank 0's process.
+  std::int64_t pid = ::getpid();
+  group.broadcast(std::span<std::int64_t>(&pid, 1));
+  const auto path = std::filesystem::temp_directory_path() / ("kiln_ddp_" + std::to_string(pid) + ".ckpt");
+
+  // The uninterrupted run, and the same run stopped after half of its steps with a checkpoint.
+  Net uninterrupted(32, 3), first_half(32, 3);
+  optim::Adam adam_uninterrupted({.lr = 1e-2}), adam_first_half({.lr = 1e-2});
+  dist::static_data_parallel ddp_uninterrupted(uninterrupted, group), ddp_first_half(first_half, group);
+  train(ddp_uninterrupted, adam_uninterrupted, 0, steps);
+  train(ddp_first_half, adam_first_half, 0, steps / 2);
+  if (group.rank() == 0) io::save_checkpoint(path, first_half, adam_first_half, {.epoch = 0, .step = steps / 2});
+  group.barrier();
+
+  // Resumed on 2 ranks from fresh models: the uninterrupted run's parameters, bit for bit (the same buckets, sums).
+  Net resumed(32, 99);
+  optim::Adam adam_resumed({.lr = 1e-2});
+  CHECK(io::load_checkpoint(path, resumed, adam_resumed).step == steps / 2);
+  dist::static_data_parallel ddp_resumed(resumed, group);
+  train(ddp_resumed, adam_resumed, steps / 2, steps);
+  CHECK(std::ranges::equal(resumed.parameter_values(), uninterrupted.parameter_values()));
+
+  // Resumed by one process on the whole batches: the same within float rounding.
+  Net alone(global_batch, 99);
+  optim::Adam adam_alone({.lr = 1e-2});
+  io::load_checkpoint(path, alone, adam_alone);
+  for (index_t s = steps / 2; s < steps; ++s) {
+    auto b = gather(data, step_indices(whole.indices(std::uint64_t(s / steps_per_epoch)), s, global_batch));
+    alone.train_step(b.x.view(), b.y.view(), loss::cross_entropy{}, adam_alone);
+  }
+  const double difference = max_relative_difference(alone.parameter_values(), uninterrupted.parameter_values());
+  MESSAGE("resumed by one process: largest relative difference to the 2-rank run ", difference);
+  CHECK(difference < 1e-6);
+  group.barrier();
+  if (group.rank() == 0) std::filesystem::remove(path);
 }
 
 namespace {
@@ -246,8 +304,8 @@ TEST_CASE("dynamic mode: 2 ranks x 32 samples train as 1 process x 64 for 20 ste
   for (std::size_t i = 0; i < got.size(); ++i) {
     const std::span<const float> g(got[i].data(), std::size_t(got[i].numel()));
     CHECK(same_on_every_rank(group, g));
-    difference = std::max(difference, max_relative_difference(
-                                          g, std::span<const float>(expected[i].data(), std::size_t(expected[i].numel()))));
+    const std::span<const float> e(expected[i].data(), std::size_t(expected[i].numel()));
+    difference = std::max(difference, max_relative_difference(g, e));
   }
   MESSAGE("dynamic mode: largest relative difference to one process after 20 steps ", difference);
   CHECK(difference < 1e-6);

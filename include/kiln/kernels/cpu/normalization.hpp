@@ -1,10 +1,14 @@
 // Batch and layer normalisation on the CPU. Statistics are summed in double for float data, in a fixed order, so the
 // results never depend on the thread count. Both forward passes save (mean, 1/sqrt(var + eps)) for the backward.
+// Batch norm's channels are independent: large batches split them over the threads, each channel computed by the same
+// code on any thread.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "kiln/core/config.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/reduce.hpp"
 
 namespace kiln::kernels::cpu {
@@ -21,33 +25,26 @@ struct normalization_kernels {
                                        index_t spatial, T eps, T momentum) {
     using S = sum_type<T>;
     const index_t count = batch * spatial;
-    for (index_t c = 0; c < channels; ++c) {
-      S total = 0;
-      for (index_t n = 0; n < batch; ++n) {
-        const T* p = x + (n * channels + c) * spatial;
-        for (index_t s = 0; s < spatial; ++s) total += p[s];
-      }
-      const S mean = total / S(count);
-      S squares = 0;
-      for (index_t n = 0; n < batch; ++n) {
-        const T* p = x + (n * channels + c) * spatial;
-        for (index_t s = 0; s < spatial; ++s) {
-          const S d = S(p[s]) - mean;
-          squares += d * d;
+    each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
+      for (index_t c = first; c < last; ++c) {
+        const S mean = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) { return S(x[i]); }) / S(count);
+        const S squares = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) {
+          const S d = S(x[i]) - mean;
+          return d * d;
+        });
+        const S var = squares / S(count);
+        const T m = static_cast<T>(mean);
+        const T invstd = static_cast<T>(1 / std::sqrt(var + S(eps)));
+        save_mean[c] = m;
+        save_invstd[c] = invstd;
+        if (running_mean) running_mean[c] = (T(1) - momentum) * running_mean[c] + momentum * m;
+        if (running_var) {
+          const T unbiased = static_cast<T>(count > 1 ? squares / S(count - 1) : var);
+          running_var[c] = (T(1) - momentum) * running_var[c] + momentum * unbiased;
         }
+        normalize_channel(x, gamma, beta, y, c, m, invstd, batch, channels, spatial);
       }
-      const S var = squares / S(count);
-      const T m = static_cast<T>(mean);
-      const T invstd = static_cast<T>(1 / std::sqrt(var + S(eps)));
-      save_mean[c] = m;
-      save_invstd[c] = invstd;
-      if (running_mean) running_mean[c] = (T(1) - momentum) * running_mean[c] + momentum * m;
-      if (running_var) {
-        const T unbiased = static_cast<T>(count > 1 ? squares / S(count - 1) : var);
-        running_var[c] = (T(1) - momentum) * running_var[c] + momentum * unbiased;
-      }
-      normalize_channel(x, gamma, beta, y, c, m, invstd, batch, channels, spatial);
-    }
+    });
   }
   // num_batches_tracked += 1 (a single value kept with the running statistics, in the policy's memory).
   template <class T>
@@ -75,30 +72,27 @@ struct normalization_kernels {
                                   bool batch_statistics, bool accumulate) {
     using S = sum_type<T>;
     const index_t count = batch * spatial;
-    for (index_t c = 0; c < channels; ++c) {
-      const T m = mean[c], is = invstd[c];
-      S sum_dy = 0, sum_dy_xhat = 0;
-      for (index_t n = 0; n < batch; ++n) {
-        const index_t o = (n * channels + c) * spatial;
-        for (index_t s = 0; s < spatial; ++s) {
-          sum_dy += dy[o + s];
-          sum_dy_xhat += S(dy[o + s]) * S((x[o + s] - m) * is);
+    each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
+      for (index_t c = first; c < last; ++c) {
+        const T m = mean[c], is = invstd[c];
+        const S sum_dy = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) { return S(dy[i]); });
+        const S sum_dy_xhat = channel_sums<T>(batch, channels, spatial, c,
+                                              [&](index_t i) { return S(dy[i]) * S((x[i] - m) * is); });
+        if (dgamma) dgamma[c] = accumulate ? dgamma[c] + static_cast<T>(sum_dy_xhat) : static_cast<T>(sum_dy_xhat);
+        if (dbeta) dbeta[c] = accumulate ? dbeta[c] + static_cast<T>(sum_dy) : static_cast<T>(sum_dy);
+        if (!dx) continue;
+        const T scale = (gamma ? gamma[c] : T(1)) * is;
+        const T mean_dy = batch_statistics ? static_cast<T>(sum_dy / S(count)) : T(0);
+        const T mean_dy_xhat = batch_statistics ? static_cast<T>(sum_dy_xhat / S(count)) : T(0);
+        for (index_t n = 0; n < batch; ++n) {
+          const index_t o = (n * channels + c) * spatial;
+          for (index_t s = 0; s < spatial; ++s) {
+            const T xhat = (x[o + s] - m) * is;
+            dx[o + s] = scale * (dy[o + s] - mean_dy - xhat * mean_dy_xhat);
+          }
         }
       }
-      if (dgamma) dgamma[c] = accumulate ? dgamma[c] + static_cast<T>(sum_dy_xhat) : static_cast<T>(sum_dy_xhat);
-      if (dbeta) dbeta[c] = accumulate ? dbeta[c] + static_cast<T>(sum_dy) : static_cast<T>(sum_dy);
-      if (!dx) continue;
-      const T scale = (gamma ? gamma[c] : T(1)) * is;
-      const T mean_dy = batch_statistics ? static_cast<T>(sum_dy / S(count)) : T(0);
-      const T mean_dy_xhat = batch_statistics ? static_cast<T>(sum_dy_xhat / S(count)) : T(0);
-      for (index_t n = 0; n < batch; ++n) {
-        const index_t o = (n * channels + c) * spatial;
-        for (index_t s = 0; s < spatial; ++s) {
-          const T xhat = (x[o + s] - m) * is;
-          dx[o + s] = scale * (dy[o + s] - mean_dy - xhat * mean_dy_xhat);
-        }
-      }
-    }
+    });
   }
 
   // Each row of x normalised by its own mean and biased variance, then scaled by gamma and shifted by beta (per
@@ -165,6 +159,32 @@ struct normalization_kernels {
   }
 
  private:
+  // The number of lanes of channel_sums.
+  static constexpr int channel_lanes = 16;
+  // The sum of value(i) over channel c's elements i (batch x spatial of them), in sum_type<T>: lane j gathers the
+  // positions j, j + 16, ... of each sample's plane, and the lanes are added in order at the end. The order depends on
+  // the shape alone, and the lanes are independent, so the loop vectorises.
+  template <class T, class Value>
+  static sum_type<T> channel_sums(index_t batch, index_t channels, index_t spatial, index_t c, Value&& value) {
+    using S = sum_type<T>;
+    S lanes[channel_lanes] = {};
+    for (index_t n = 0; n < batch; ++n) {
+      const index_t o = (n * channels + c) * spatial;
+      index_t s = 0;
+      for (; s + channel_lanes <= spatial; s += channel_lanes)
+        for (int j = 0; j < channel_lanes; ++j) lanes[j] += value(o + s + j);
+      for (int j = 0; s < spatial; ++s, ++j) lanes[j] += value(o + s);
+    }
+    S total = 0;
+    for (const S lane : lanes) total += lane;
+    return total;
+  }
+  // Calls body(first, last) over the channels, split over the threads where each gets enough values.
+  template <class Body>
+  static void each_channel_slice(index_t batch, index_t channels, index_t spatial, Body&& body) {
+    const index_t per_channel = std::max<index_t>(batch * spatial, 1);
+    parallel_row_slices(channels, (parallel_min_elements_per_thread + per_channel - 1) / per_channel, body);
+  }
   template <class T>
   static void normalize_channel(const T* x, const T* gamma, const T* beta, T* y, index_t c, T mean, T invstd,
                                 index_t batch, index_t channels, index_t spatial) {
