@@ -265,6 +265,27 @@ TEST_CASE("dynamic gradients: modules in a Sequential") {
   check_gradients(leaves, [&] { return weighted_sum(net(x)); });
 }
 
+TEST_CASE("Conv2d takes one image unbatched, as PyTorch's, and says how to add a missing channel dimension") {
+  manual_seed(3);
+  nn::Conv2d conv(1, 4, 3, 1, 1);
+  random_generator rng(4);
+  Tensor<float> image({1, 5, 5});
+  for (auto& v : image.span()) v = rng.normal<float>();
+  Tensor<float> batched = image;
+  batched.reshape(shape{1, 1, 5, 5});
+  const auto one = conv(nn::Variable(image)).tensor();
+  const auto many = conv(nn::Variable(batched)).tensor();
+  REQUIRE(one.shape() == shape{4, 5, 5});
+  for (index_t i = 0; i < one.numel(); ++i) REQUIRE(one.data()[i] == many.data()[i]);
+  // Its gradient flows as the batched one's.
+  nn::Variable x(image, true);
+  nn::sum(conv(x)).backward();
+  CHECK(x.grad().shape() == shape{1, 5, 5});
+  Tensor<float> mnist_like({8, 5, 5});
+  CHECK_THROWS_WITH_AS(conv(nn::Variable(mnist_like)), doctest::Contains("add their channel dimension: unsqueeze(x, 1)"),
+                       kiln::error);
+}
+
 TEST_CASE("static and dynamic mode: same weights and identical losses for a small CNN") {
   using Net = Sequential<policy::cpu, Input<1, 8, 8>, Conv2D<4, 3, conv_options{.padding = 1}>, ReLU, MaxPool2D<2>,
                          Conv2D<6, 3, conv_options{.groups = 2, .bias = false}>, BatchNorm2d<>, ReLU, AvgPool2D<2>,

@@ -7,6 +7,7 @@
 
 #include "kiln/core/random.hpp"
 #include "kiln/dynamic/functional/conv.hpp"
+#include "kiln/dynamic/functional/shape.hpp"
 #include "kiln/dynamic/module.hpp"
 #include "kiln/layers/conv2d.hpp"
 
@@ -34,11 +35,20 @@ class basic_conv2d : public basic_module<T> {
     reset_parameters(rng);
   }
 
+  // x: [batch, in_channels, height, width], or one image unbatched, [in_channels, height, width], as PyTorch's Conv2d
+  // takes it (the result is then unbatched too).
   variable forward(const variable& x) override {
-    if (!x.defined() || x.dim() != 4 || x.shape()[1] != in_)
-      fail(describe(), ": expected input of shape [batch, ", in_, ", height, width], found ",
-           x.defined() ? x.shape().str() : std::string("an empty Variable"));
+    const bool unbatched = x.defined() && x.dim() == 3 && x.shape()[0] == in_;
+    if (!x.defined() || (!unbatched && (x.dim() != 4 || x.shape()[1] != in_))) {
+      // A batch of single-channel images without its channel dimension ([N, 28, 28]) is the usual slip: say how to
+      // add it (a static model's Input<1, 28, 28> reads such a batch as that reshape).
+      const bool channel_missing = x.defined() && x.dim() == 3 && in_ == 1;
+      fail(describe(), ": expected input of shape [batch, ", in_, ", height, width] or an unbatched [", in_,
+           ", height, width], found ", x.defined() ? x.shape().str() : std::string("an empty Variable"),
+           channel_missing ? " (a batch of single-channel images? add their channel dimension: unsqueeze(x, 1))" : "");
+    }
     try {
+      if (unbatched) return squeeze(conv2d(unsqueeze(x, 0), weight, bias, stride_, padding_, dilation_, groups_), 0);
       return conv2d(x, weight, bias, stride_, padding_, dilation_, groups_);
     } catch (const error& e) {
       fail(describe(), ": ", e.what());
