@@ -23,6 +23,7 @@
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/checkpoint.hpp"
 #include "kiln/kiln.hpp"
+#include "kiln/train.hpp"
 
 using namespace kiln;
 namespace dist = kiln::distributed;
@@ -198,6 +199,52 @@ TEST_CASE("static mode: 2 ranks x 32 samples train as 1 process x 64 for 20 step
   CHECK_THROWS_AS(ddp.train_step(b.x.view(), b.y.view().rows(0, 31), loss::cross_entropy{}, sgd), kiln::error);
   ddp.train_step(b.x.view(), b.y.view(), loss::cross_entropy{}, sgd);
   CHECK(same_on_every_rank(group, net.parameter_values()));
+}
+
+TEST_CASE("Model::fit across 2 ranks x 32 trains as one process's fit x 64, with the same logs on every rank") {
+  set_num_threads(1);
+  dist::process_group group;
+  const auto data = make_data();
+  const auto options = [](std::vector<std::shared_ptr<train::callback>> callbacks) {
+    return fit_options<std::int64_t>{.epochs = 3, .batch_size = 32, .callbacks = std::move(callbacks), .verbose = 0,
+                                     .seed = 5, .prefetch = 0};
+  };
+
+  // One process over the whole batch of 64: the same permutation, each batch the two ranks' batches together.
+  Net reference(global_batch, 3);
+  Model single(reference);
+  single.compile(optim::SGD({.lr = 0.05, .momentum = 0.9}), loss::cross_entropy{}, {metric::accuracy, metric::f1_score()});
+  auto single_options = options({});
+  single_options.batch_size = global_batch;
+  const auto expected = single.fit(data, single_options);
+
+  const auto csv = std::filesystem::temp_directory_path() / "kiln_test_fit_across_ranks.csv";
+  std::filesystem::remove(csv);
+  group.barrier();
+  Net net(32, 3 + std::uint64_t(group.rank()));
+  dist::static_data_parallel ddp(net, group);
+  Model model(ddp);
+  model.compile(optim::SGD({.lr = 0.05, .momentum = 0.9}), loss::cross_entropy{}, {metric::accuracy, metric::f1_score()});
+  const auto got = model.fit(data, options({std::make_shared<train::CSVLogger>(csv.string())}));
+
+  CHECK(same_on_every_rank(group, net.parameter_values()));
+  const double difference = max_relative_difference(net.parameter_values(), reference.parameter_values());
+  MESSAGE("Model::fit across ranks: largest relative difference to one process after 3 epochs ", difference);
+  CHECK(difference < 1e-6);
+  for (const char* key : {"loss", "accuracy", "f1"}) {
+    CAPTURE(key);
+    const auto across = got.series(key), alone = expected.series(key);
+    REQUIRE(across.size() == 3);
+    std::vector<float> mine(across.begin(), across.end());
+    CHECK(same_on_every_rank(group, mine));
+    // The accuracy and F1 count the same predictions; the loss is a sum in another order.
+    for (std::size_t e = 0; e < 3; ++e) CHECK(across[e] == doctest::Approx(alone[e]).epsilon(1e-6));
+  }
+  // The callbacks' file is written once, by rank 0.
+  group.barrier();
+  CHECK(std::filesystem::exists(csv));
+  group.barrier();
+  if (group.rank() == 0) std::filesystem::remove(csv);
 }
 
 TEST_CASE("static mode: a checkpoint written by 2 ranks resumes with 2, and with 1 process on the whole batch") {

@@ -22,7 +22,9 @@
 #include "kiln/core/config.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/distributed/gradient_reducer.hpp"
+#include "kiln/distributed/group_distribution.hpp"
 #include "kiln/distributed/process_group.hpp"
+#include "kiln/train/distribution.hpp"
 
 namespace kiln::distributed {
 
@@ -97,7 +99,10 @@ class static_data_parallel {
   }
 
   Net& model() { return *net_; }
+  const Net& model() const { return *net_; }
   process_group& group() { return *group_; }
+  // The ranks as Model::fit trains across them (distributed/data_parallel_model.hpp).
+  train::distribution& distribution() { return distribution_; }
   // The last step's buckets and the time its end waited for them (what the overlap did not hide).
   const gradient_reducer<T>& reducer() const { return reducer_; }
 
@@ -105,6 +110,7 @@ class static_data_parallel {
   Net* net_;
   process_group* group_;
   gradient_reducer<T> reducer_;
+  group_distribution distribution_{*group_};
 };
 
 }  // namespace kiln::distributed

@@ -31,6 +31,9 @@ class training_control {
   virtual void request_stop() = 0;
   virtual weight_snapshot weights() const = 0;
   virtual void set_weights(const weight_snapshot& weights) = 0;
+  // Whether this process writes the callbacks' files: false on every rank but 0 when Model::fit trains across
+  // processes (train/distribution.hpp), whose callbacks otherwise see the same logs and decide alike.
+  virtual bool writes_files() const { return true; }
 };
 
 // The base of all callbacks; every hook does nothing unless overridden. Epochs count from 0.
@@ -169,7 +172,7 @@ class ModelCheckpoint : public callback {
       weights_ = control.weights();
       epoch_ = epoch;
     }
-    if (options_.path.empty() || (options_.save_best_only && !improved)) return;
+    if (options_.path.empty() || (options_.save_best_only && !improved) || !control.writes_files()) return;
     const std::string number = std::to_string(epoch + 1);
     std::string file = options_.path;
     for (std::size_t at; (at = file.find("{epoch}")) != std::string::npos;) file.replace(at, 7, number);
@@ -198,8 +201,9 @@ class CSVLogger : public callback {
  public:
   explicit CSVLogger(std::string path) : path_(std::move(path)) {}
   void on_train_begin(training_control&) override { rows_.clear(); }
-  void on_epoch_end(int epoch, logs& l, training_control&) override {
+  void on_epoch_end(int epoch, logs& l, training_control& control) override {
     rows_.emplace_back(epoch, l);
+    if (!control.writes_files()) return;
     std::vector<std::string> keys;
     for (auto& [e, row] : rows_)
       for (auto& [k, v] : row.entries())

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,18 @@ class confusion_matrix {
   }
 
   void reset() { std::fill(counts_.begin(), counts_.end(), 0), total_ = 0; }
+  // The counts row by row, then the total, as numbers to add across processes; set_count_values takes them back.
+  std::vector<double> count_values() const {
+    std::vector<double> values(counts_.begin(), counts_.end());
+    values.push_back(static_cast<double>(total_));
+    return values;
+  }
+  void set_count_values(std::span<const double> values) {
+    if (values.size() != counts_.size() + 1)
+      fail("confusion_matrix: expected ", counts_.size() + 1, " count values, found ", values.size());
+    for (std::size_t i = 0; i < counts_.size(); ++i) counts_[i] = static_cast<long long>(values[i]);
+    total_ = static_cast<long long>(values.back());
+  }
   void update(const batch_view& b) {
     if (!b.labels) fail("confusion_matrix: expected integer labels, found real-valued targets");
     index_t classes = b.width == 1 ? 2 : b.width;

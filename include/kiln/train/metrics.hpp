@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/error.hpp"
@@ -74,6 +76,18 @@ class accumulator {
   const metric_spec& spec() const { return spec_; }
   std::string name() const { return spec_.name(); }
   void reset() { total_ = 0, count_ = 0, confusion_.reset(); }
+  // The sums behind result(), as numbers to add across processes (Model::fit over several ranks), and back: after
+  // set_sums with every rank's added, result() is the whole epoch's.
+  std::vector<double> sums() const {
+    if (is_confusion()) return confusion_.count_values();
+    return {total_, static_cast<double>(count_)};
+  }
+  void set_sums(std::span<const double> values) {
+    if (is_confusion()) return confusion_.set_count_values(values);
+    if (values.size() != 2) fail("metric ", name(), ": expected 2 sums, found ", values.size());
+    total_ = values[0];
+    count_ = static_cast<long long>(values[1]);
+  }
   double result() const {
     switch (spec_.what) {
       case metric_spec::kind::precision: return confusion_.precision(resolved_average());
@@ -132,6 +146,10 @@ class accumulator {
     count_ += b.batch;
   }
 
+  bool is_confusion() const {
+    return spec_.what == metric_spec::kind::precision || spec_.what == metric_spec::kind::recall ||
+           spec_.what == metric_spec::kind::f1;
+  }
   average resolved_average() const {
     if (spec_.how != average::automatic) return spec_.how;
     return width_ == 1 ? average::binary : average::macro;

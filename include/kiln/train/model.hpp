@@ -190,6 +190,10 @@ class Model : private train::model_port {
   tensor_view<const float> last_output() override { return access_.last_output(net_); }
   train::weight_snapshot weights() const override { return access_.weights(net_); }
   void set_weights(const train::weight_snapshot& w) override { access_.set_weights(net_, w); }
+  train::distribution* distributed() override {
+    if constexpr (requires { access_.distribution(net_); }) return &access_.distribution(net_);
+    else return nullptr;
+  }
 
   Net& net_;
   access access_{};

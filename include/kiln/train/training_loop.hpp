@@ -24,7 +24,9 @@
 #include "kiln/data/data_loader.hpp"
 #include "kiln/data/dataset.hpp"
 #include "kiln/data/labelled_data.hpp"
+#include "kiln/distributed/shard_dataset.hpp"
 #include "kiln/train/callbacks.hpp"
+#include "kiln/train/distribution.hpp"
 #include "kiln/train/history.hpp"
 #include "kiln/train/metrics.hpp"
 #include "kiln/train/progress_bar.hpp"
@@ -83,6 +85,8 @@ class model_port {
   virtual tensor_view<const float> last_output() = 0;
   virtual weight_snapshot weights() const = 0;
   virtual void set_weights(const weight_snapshot& weights) = 0;
+  // The processes the model trains across (a data-parallel model's), or null for this process alone.
+  virtual distribution* distributed() { return nullptr; }
 };
 
 // The loss and optimizer Model::compile chose, behind calls that know their types: each trains on or evaluates one
@@ -153,6 +157,10 @@ class training_loop {
     void request_stop() override { loop_.stop_requested_ = true; }
     weight_snapshot weights() const override { return loop_.model_.weights(); }
     void set_weights(const weight_snapshot& w) override { loop_.model_.set_weights(w); }
+    bool writes_files() const override {
+      const distribution* d = loop_.model_.distributed();
+      return !d || d->rank() == 0;
+    }
 
    private:
     training_loop& loop_;
@@ -168,6 +176,20 @@ class training_loop {
   }
   template <class Target>
   void update_metrics(std::vector<metric::accumulator>& acc, tensor_view<const Target> y, index_t count);
+  // The epochs over a loader of the training data; begin_epoch(epoch) runs before each epoch's batches.
+  template <class Target, class Loader, class BeginEpoch>
+  history train_epochs(Loader& loader, BeginEpoch&& begin_epoch, const fit_options<Target>& options,
+                       distribution* across);
+  // Every rank's loss sum, sample count and metric sums added, so that each holds the whole epoch's.
+  static void sum_over_ranks(distribution& across, double& loss_sum, index_t& seen,
+                             std::vector<metric::accumulator>& metrics);
+  // Whether any rank asks to stop: every rank stops at the same batch, or the others would wait for its gradients.
+  bool stop_on_any_rank(distribution* across) const {
+    if (!across) return stop_requested_;
+    double stop = stop_requested_ ? 1.0 : 0.0;
+    across->sum(std::span<double>(&stop, 1));
+    return stop > 0;
+  }
   void check_sample_layout(const shape& s, int first, const char* where) const;
   template <class Target, class SampleOf>
   void check_labels(tensor_view<const Target> y, const char* where, SampleOf sample_of) const;
@@ -214,30 +236,53 @@ history training_loop::fit_loader(const Dataset& data, const fit_options<typenam
   if (options.epochs < 0) fail("Model::fit: expected epochs >= 0, found ", options.epochs);
   if (options.validation_data) check_data(*options.validation_data, "fit (validation data)");
 
+  // Across processes: each rank its shard of every epoch's permutation (the one the loader would shuffle by, padded to
+  // as many samples on every rank), batched in the shard's order.
+  if (distribution* across = model_.distributed()) {
+    distributed::shard_dataset shard(data, distributed::distributed_sampler(
+                                               data.size(), across->rank(), across->size(),
+                                               {.shuffle = options.shuffle, .seed = options.seed}));
+    data::data_loader loader(shard, {.batch_size = options.batch_size,
+                                     .shuffle = false,
+                                     .seed = options.seed,
+                                     .prefetch = options.prefetch,
+                                     .transform = options.transform});
+    return train_epochs<Target>(loader, [&](int epoch) { shard.set_epoch(static_cast<std::uint64_t>(epoch)); },
+                                options, across);
+  }
+  data::data_loader loader(data, {.batch_size = options.batch_size,
+                                  .shuffle = options.shuffle,
+                                  .seed = options.seed,
+                                  .prefetch = options.prefetch,
+                                  .transform = options.transform});
+  return train_epochs<Target>(loader, [](int) {}, options, nullptr);
+}
+
+template <class Target, class Loader, class BeginEpoch>
+history training_loop::train_epochs(Loader& loader, BeginEpoch&& begin_epoch, const fit_options<Target>& options,
+                                    distribution* across) {
+  const index_t input_size = model_.input_size();
+  const bool shows_progress = options.verbose > 0 && (!across || across->rank() == 0);
   history result;
   timing_ = {};
   stop_requested_ = false;
   control control_impl(*this);
   for (auto& cb : options.callbacks) cb->on_train_begin(control_impl);
 
-  data::data_loader loader(data, {.batch_size = options.batch_size,
-                                  .shuffle = options.shuffle,
-                                  .seed = options.seed,
-                                  .prefetch = options.prefetch,
-                                  .transform = options.transform});
   long long steps = loader.batches_per_epoch();
-  progress_bar bar(std::cout, options.verbose > 0 && ::isatty(STDOUT_FILENO) != 0);
+  progress_bar bar(std::cout, shows_progress && ::isatty(STDOUT_FILENO) != 0);
   std::vector<metric::accumulator> running;
   for (auto& spec : metrics_) running.emplace_back(spec);
 
   for (int epoch = 0; epoch < options.epochs && !stop_requested_; ++epoch) {
     for (auto& cb : options.callbacks) cb->on_epoch_begin(epoch, control_impl);
-    if (options.verbose > 0) bar.begin_epoch(epoch + 1, options.epochs, steps);
+    if (shows_progress) bar.begin_epoch(epoch + 1, options.epochs, steps);
     for (auto& m : running) m.reset();
     double loss_sum = 0;
     index_t seen = 0;
     logs step_logs;
     auto epoch_start = clock::now();
+    begin_epoch(epoch);
     loader.start_epoch(static_cast<std::uint64_t>(epoch));
     for (long long step = 0;; ++step) {
       auto t0 = clock::now();
@@ -255,14 +300,19 @@ history training_loop::fit_loader(const Dataset& data, const fit_options<typenam
       loss_sum += double(loss) * double(b->size);
       seen += b->size;
       update_metrics(running, yb, b->size);
-      if (options.verbose > 0 || !options.callbacks.empty()) {
+      if (shows_progress || !options.callbacks.empty()) {
         step_logs.set("loss", loss_sum / double(seen));
         for (auto& m : running) step_logs.set(m.name(), m.result());
-        if (options.verbose > 0) bar.update(step + 1, step_logs);
+        if (shows_progress) bar.update(step + 1, step_logs);
         for (auto& cb : options.callbacks) cb->on_batch_end(step, step_logs, control_impl);
       }
-      if (stop_requested_) break;  // as Keras: a stop asked for after a batch ends the epoch there
+      // As Keras: a stop asked for after a batch ends the epoch there (on every rank at once).
+      if (!options.callbacks.empty() && stop_on_any_rank(across)) {
+        stop_requested_ = true;
+        break;
+      }
     }
+    if (across) sum_over_ranks(*across, loss_sum, seen, running);
     logs epoch_logs;
     epoch_logs.set("loss", seen ? loss_sum / double(seen) : 0.0);
     for (auto& m : running) epoch_logs.set(m.name(), m.result());
@@ -270,16 +320,25 @@ history training_loop::fit_loader(const Dataset& data, const fit_options<typenam
       auto t0 = clock::now();
       evaluation v = evaluate(*options.validation_data, options.batch_size);
       timing_.eval_seconds += seconds(clock::now() - t0);
-      epoch_logs.set("val_loss", v.loss);
+      // Every rank evaluates the whole validation data with its own running statistics: their mean is reported.
+      std::vector<double> values{v.loss};
+      for (auto& [k, value] : v.metrics.entries()) values.push_back(value);
+      if (across) {
+        across->sum(values);
+        for (double& value : values) value /= double(across->size());
+      }
+      epoch_logs.set("val_loss", values[0]);
+      std::size_t i = 1;
       for (auto& [k, value] : v.metrics.entries()) {
         std::string key = "val_";
         key += k;
-        epoch_logs.set(key, value);
+        epoch_logs.set(key, values[i++]);
       }
     }
     epoch_logs.set("epoch_seconds", seconds(clock::now() - epoch_start));
     for (auto& cb : options.callbacks) cb->on_epoch_end(epoch, epoch_logs, control_impl);
-    if (options.verbose > 0) {
+    if (!options.callbacks.empty()) stop_requested_ = stop_on_any_rank(across);
+    if (shows_progress) {
       logs shown;
       for (auto& [k, value] : epoch_logs.entries())
         if (k != "epoch_seconds") shown.set(k, value);
@@ -289,6 +348,25 @@ history training_loop::fit_loader(const Dataset& data, const fit_options<typenam
   }
   for (auto& cb : options.callbacks) cb->on_train_end(control_impl);
   return result;
+}
+
+inline void training_loop::sum_over_ranks(distribution& across, double& loss_sum, index_t& seen,
+                                          std::vector<metric::accumulator>& metrics) {
+  std::vector<double> values{loss_sum, static_cast<double>(seen)};
+  std::vector<std::size_t> sizes;
+  for (auto& m : metrics) {
+    const auto sums = m.sums();
+    sizes.push_back(sums.size());
+    values.insert(values.end(), sums.begin(), sums.end());
+  }
+  across.sum(values);
+  loss_sum = values[0];
+  seen = static_cast<index_t>(values[1]);
+  std::size_t at = 2;
+  for (std::size_t i = 0; i < metrics.size(); ++i) {
+    metrics[i].set_sums(std::span<const double>(values).subspan(at, sizes[i]));
+    at += sizes[i];
+  }
 }
 
 template <class Target>

@@ -4,6 +4,7 @@
 
 #include "kiln/core/random.hpp"
 #include "kiln/dynamic/functional/common.hpp"
+#include "kiln/dynamic/functional/conv.hpp"  // detail::saved_node
 #include "kiln/layers/batchnorm.hpp"
 #include "kiln/layers/dropout.hpp"
 #include "kiln/layers/layernorm.hpp"
