@@ -143,24 +143,17 @@ struct optim_kernels {
 
  private:
   enum class adam_decay { none, l2, decoupled };
-  // 1 - beta1^step and 1 - beta2^step, computed in double as PyTorch does.
+  // 1 - beta1^step and 1 - beta2^step, computed in double as PyTorch does, for each call: two pow calls a parameter
+  // tensor, a small part of the tensor's update.
   template <class T>
   struct bias_corrections {
-    T beta1, beta2;
-    long long step;
     T first, second;
   };
-  // Every parameter tensor of a dynamic model calls adam_update with the same betas and step: the last result is kept
-  // per thread, so that the two pow calls run once per step rather than once per tensor.
   template <class T>
   static bias_corrections<T> bias_corrections_for(const adam_step_args<T>& a) {
-    static thread_local bias_corrections<T> last{T(0), T(0), -1, T(0), T(0)};
-    if (last.step != a.step || last.beta1 != a.beta1 || last.beta2 != a.beta2) {
-      const double step = static_cast<double>(a.step);
-      last = {a.beta1, a.beta2, a.step, T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step)),
-              T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step))};
-    }
-    return last;
+    const double step = static_cast<double>(a.step);
+    return {T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta1), step)),
+            T(1) - static_cast<T>(std::pow(static_cast<double>(a.beta2), step))};
   }
   // What one step derives from its arguments once, for every element.
   template <class T>
