@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kiln/kiln.hpp"
+#include "kiln/train.hpp"
 #include "same_training.hpp"
 #include "kiln/static/workspace_plan.hpp"
 
@@ -100,6 +102,11 @@ TEST_CASE("a model reports the fusions its rules make, and none with fused epilo
   CHECK(mentions(fusions, "activation into the layer before it (forward)"));
   CHECK(mentions(fusions, "1 ReLU + 2 MaxPool2D"));
   CHECK(mentions(fusions, "activation backward into the layer after it (backward)"));
+  // Model::summary prints the workspace and the fusions under the table.
+  std::ostringstream text;
+  Model(net).summary(text);
+  CHECK(text.str().find("planned by liveness") != std::string::npos);
+  CHECK(text.str().find("Fused: 0 Conv2D") != std::string::npos);
   net.set_options({.fuse_epilogues = false});
   CHECK(net.fusions().empty());
 }

@@ -86,7 +86,8 @@ struct example_layer {
     //           when it has none). x: n * In::size values, read-only: it may be the caller's own batch. y: n *
     //           output::size values that do not overlap x. scratch: as planned, or null. All of these are in Policy
     //           memory. ctx.training: the model's mode, or true inside train_step. ctx.rng: non-null only for a layer
-    //           that draws_at_run_time. ctx.input_as_in_forward: false. fuse: static_options::fuse_epilogues.
+    //           that draws_at_run_time. ctx.input_as_in_forward: false. fuse: static_options::fuse_epilogues (also in
+    //           ctx.fuse_epilogues, which a block's backward reads to lay its layers out as its forward did).
     // ensures:  y = the layer's function of x. The result is the same whatever fuse says (within float rounding); fuse
     //           may change only how it is computed (Dense applies its activation in the GEMM's epilogue, or as a pass
     //           of its own). Whatever backward will need is left in scratch. In training, forward may update buffers
