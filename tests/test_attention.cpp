@@ -94,6 +94,28 @@ Tensor<float> grad_as_float(const var<T>& v) {
   return out;
 }
 
+// Float rounding for results of O(1) inputs: 1e-5 of each value plus 2e-6 absolute (a few float ulps of sums of tens
+// of products of N(0, 1) values, summed in another order than the reference's). check_close's floor follows the
+// expected tensor's own largest value, which is too tight where a gradient is small by cancellation (dS = P (dW -
+// rowsum(dO O)) of terms near 1).
+void check_rounding(std::span<const float> actual, const Tensor<float>& expected, const char* what) {
+  REQUIRE(actual.size() == static_cast<std::size_t>(expected.numel()));
+  std::size_t failures = 0, worst = 0;
+  double worst_ratio = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const double e = expected[static_cast<index_t>(i)];
+    const double ratio = std::abs(actual[i] - e) / (1e-5 * std::abs(e) + 2e-6);
+    if (!(ratio <= 1)) ++failures;
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  INFO(std::string(what), ": ", failures, " elements beyond 1e-5 |e| + 2e-6; worst at ", worst, ": ", actual[worst],
+       " against ", expected[static_cast<index_t>(worst)]);
+  CHECK(failures == 0);
+}
+
 template <class T>
 var<T> cast_to(const nn::Variable& v, bool requires_grad) {
   Tensor<T> t(v.shape());
@@ -178,7 +200,7 @@ TEST_CASE("scaled_dot_product_attention: the tiled kernel agrees with softmax(q 
     bool causal;
   };
   const std::vector<config> configs = {
-      {{2, 3}, {2, 3}, {2, 3}, 37, 53, 16, 24, 0, false}, {{1}, {1}, {1}, 1, 1, 4, 4, 0, false},
+      {{2, 3}, {2, 3}, {2, 3}, 37, 53, 16, 24, 0, false}, {{1}, {1}, {1}, 1, 3, 4, 4, 0, false},
       {{4}, {4}, {4}, 64, 128, 8, 8, 1, false},            {{2, 2}, {2, 2}, {2, 2}, 65, 33, 5, 7, 2, false},
       {{3}, {3}, {3}, 100, 100, 16, 16, 0, true},          {{2}, {2}, {2}, 31, 97, 3, 9, 3, false},
       {{2, 3}, {3}, {1, 3}, 13, 70, 6, 4, 1, false},       {{2}, {2}, {2}, 90, 20, 8, 8, 0, true},
@@ -217,10 +239,10 @@ TEST_CASE("scaled_dot_product_attention: the tiled kernel agrees with softmax(q 
     }
     var<double> ref = naive_attention<double>(qd, kd, vd, md, cf.causal, scale);
     nn::sum(nn::mul(ref, cast_to<double>(dout, false))).backward();
-    check_close(values_of(out), as_float(ref), "out");
-    check_close(grad_of(q), grad_as_float(qd), "dq");
-    check_close(grad_of(k), grad_as_float(kd), "dk");
-    check_close(grad_of(v), grad_as_float(vd), "dv");
+    check_rounding(values_of(out), as_float(ref), "out");
+    check_rounding(grad_of(q), grad_as_float(qd), "dq");
+    check_rounding(grad_of(k), grad_as_float(kd), "dk");
+    check_rounding(grad_of(v), grad_as_float(vd), "dv");
 
     // The kernel in double against the same reference: the algebra, without float's rounding.
     const var<double> q2 = cast_to<double>(q, true), k2 = cast_to<double>(k, true), v2 = cast_to<double>(v, true);
@@ -353,19 +375,22 @@ TEST_CASE("MultiheadAttention: gradients match central differences in double") {
   SUBCASE("packed projection, masks, weights per head") {
     nn::basic_multihead_attention<double> m(6, 2, {.batch_first = true});
     const auto x = random_leaf(shape{2, 4, 6}, 1), y = random_leaf(shape{2, 5, 6}, 2);
-    const auto padding = nn::bool_mask(nn::basic_variable<double>(Tensor<double>(shape{2, 5}, {0, 0, 1, 0, 1, 0, 0, 0, 0, 1})));
+    const Tensor<double> padded(shape{2, 5}, {0, 0, 1, 0, 1, 0, 0, 0, 0, 1});
+    const auto padding = nn::bool_mask(nn::basic_variable<double>(padded));
     const auto am = random_variable<double>(shape{4, 5}, rng, false);
     std::vector<test::double_variable> leaves = {x, y};
     for (const auto& p : m.parameters()) leaves.push_back(p);
     check_gradients(leaves, [&] {
-      auto [out, w] = m.forward(x, y, y, {.key_padding_mask = padding, .attn_mask = nn::basic_attention_mask<double>(am),
-                                          .average_attn_weights = false});
+      auto [out, w] = m.forward(x, y, y,
+                                {.key_padding_mask = padding, .attn_mask = nn::basic_attention_mask<double>(am),
+                                 .average_attn_weights = false});
       return nn::add(weighted_sum(out), weighted_sum(w, 5));
     });
   }
   SUBCASE("kdim and vdim, sequence first, the kernel's path") {
     nn::basic_multihead_attention<double> m(4, 2, {.kdim = 3, .vdim = 5});
-    const auto q = random_leaf(shape{3, 2, 4}, 3), k = random_leaf(shape{5, 2, 3}, 4), v = random_leaf(shape{5, 2, 5}, 5);
+    const auto q = random_leaf(shape{3, 2, 4}, 3), k = random_leaf(shape{5, 2, 3}, 4),
+               v = random_leaf(shape{5, 2, 5}, 5);
     std::vector<test::double_variable> leaves = {q, k, v};
     for (const auto& p : m.parameters()) leaves.push_back(p);
     check_gradients(leaves, [&] { return weighted_sum(m.forward(q, k, v, {.need_weights = false}).first); });

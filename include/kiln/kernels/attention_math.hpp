@@ -37,8 +37,18 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T attention_exp(T s, T m) {
   return m == T(-INFINITY) ? T(0) : tensor_exp(s - m);
 }
 
+// attention_exp over a row of n scores in place, the test on m taken once so that the loop vectorises.
+template <class T>
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE void attention_exp_row(T* row, index_t n, T m) {
+  if (m == T(-INFINITY)) {
+    for (index_t c = 0; c < n; ++c) row[c] = T(0);
+  } else {
+    for (index_t c = 0; c < n; ++c) row[c] = tensor_exp(row[c] - m);
+  }
+}
+
 // The per-row log-sum-exp the forward saves for the backward: m + log(l) for the maximum m and the sum l of
-// e^(s - m); -inf for a row whose every key is masked (its output is 0, as PyTorch's fused kernels give).
+// e^(s - m); -inf for a row whose every key is masked (its output is 0, as in PyTorch).
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE T attention_logsumexp(T m, T l) {
   return m == T(-INFINITY) || !(l > T(0)) ? T(-INFINITY) : m + std::log(l);

@@ -76,6 +76,13 @@ struct attention_state : saved_state<T> {
   basic_variable<T> lse;
 };
 
+// The precision of a CPU policy's products (policy::cpu's gemm_precision), for the tiles' products.
+template <class P>
+kernels::cpu::product_precision product_precision_of() {
+  if constexpr (requires { P::gemm_precision(); }) return P::gemm_precision();
+  else return kernels::cpu::product_precision::single;
+}
+
 template <class T, class P = dynamic_policy>
 struct attention_kernel {
   static void forward(const kernels::cpu::attention_problem<T>& p, T* out, T* lse) {
@@ -178,7 +185,8 @@ basic_variable<T> scaled_dot_product_attention(const basic_variable<T>& query, c
   if (is_causal && attn_mask.defined())
     fail(op, ": an explicit attn_mask should not be set when is_causal is true (PyTorch's rule)");
   if (attn_mask.defined() && attn_mask.values.requires_grad())
-    fail(op, ": attn_mask of shape ", attn_mask.values.shape(), " requires grad; masks are constants here: detach() it");
+    fail(op, ": attn_mask of shape ", attn_mask.values.shape(),
+         " requires grad; masks are constants here: detach() it");
   const T scale_value = static_cast<T>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(e_dim)));
 
   // The leading dimensions broadcast; an operand with fewer is expanded (a copy, differentiable) to the full batch.
@@ -219,6 +227,7 @@ basic_variable<T> scaled_dot_product_attention(const basic_variable<T>& query, c
     p.value_dim = ev_dim;
     p.scale = scale_value;
     p.causal = is_causal;
+    p.precision = detail::product_precision_of<dynamic_policy>();
     if (attn_mask.defined()) {
       p.mask_kind = attn_mask.boolean ? kernels::attention_mask_kind::boolean : kernels::attention_mask_kind::additive;
       index_t stride[kiln::shape::max_rank] = {};

@@ -10,7 +10,10 @@
 // need_weights asks for the weights, which are then computed explicitly as PyTorch does.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -249,11 +252,12 @@ class basic_multihead_attention : public basic_module<T> {
     if (!o.need_weights) {
       // As PyTorch: the causal hint replaces the mask when there is nothing else to mask.
       const bool causal = o.is_causal && !o.key_padding_mask.defined();
-      attended = scaled_dot_product_attention(q, k, v, causal ? basic_attention_mask<T>() : basic_attention_mask<T>(mask),
-                                              static_cast<double>(p), causal, std::nullopt, &rng_);
+      const basic_attention_mask<T> sdpa_mask = causal ? basic_attention_mask<T>() : basic_attention_mask<T>(mask);
+      attended = scaled_dot_product_attention(q, k, v, sdpa_mask, static_cast<double>(p), causal, std::nullopt, &rng_);
     } else {
       // The weights explicitly, as PyTorch's need_weights path: q scaled first, the mask added, softmax, dropout.
-      variable scores = matmul(mul(q, static_cast<T>(1.0 / std::sqrt(static_cast<double>(d_dim)))), transpose(k, -2, -1));
+      const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d_dim)));
+      variable scores = matmul(mul(q, scale), transpose(k, -2, -1));
       if (mask.defined()) scores = add(scores, mask);
       weights = softmax(scores, -1);
       if (p > T(0)) weights = nn::dropout(weights, p, true, rng_);
