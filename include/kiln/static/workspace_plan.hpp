@@ -40,8 +40,10 @@ inline workspace_layout plan_by_liveness(std::span<const live_range> ranges, ind
   layout.offsets.assign(ranges.size(), 0);
   std::vector<std::size_t> order(ranges.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return ranges[a].size > ranges[b].size;
+  // Largest first, the list's order breaking ties (std::sort with the index as tie-break: stable_sort's buffer would
+  // come from the nothrow operator new).
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return ranges[a].size != ranges[b].size ? ranges[a].size > ranges[b].size : a < b;
   });
   std::vector<std::size_t> placed;
   std::vector<std::pair<index_t, index_t>> taken;  // address intervals [begin, end) of the live tensors that meet
