@@ -406,13 +406,14 @@ class sparse_input_forward_sums {
   // width, zeros past the last column), adding them to the row sums where `sum`.
   void transpose_strip(index_t first, bool sum, index_t i0, index_t i1);
 
-  const float* w_ = nullptr;
-  float* sums_ = nullptr;  // W's row sums: width
-  float* w_t_ = nullptr;   // one strip of W^T: strip x width
-  float* acc_ = nullptr;   // the sums: rows x width, leading dimension ld_acc_
-  bool summed_ = false;    // W's row sums made
-  float background_ = 0;
-  index_t width_ = 0, ldw_ = 0, in_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
+  // (Read only by the AVX-512 definitions: a build without AVX-512 declares them unused.)
+  [[maybe_unused]] const float* w_ = nullptr;
+  [[maybe_unused]] float* sums_ = nullptr;  // W's row sums: width
+  [[maybe_unused]] float* w_t_ = nullptr;   // one strip of W^T: strip x width
+  [[maybe_unused]] float* acc_ = nullptr;   // the sums: rows x width, leading dimension ld_acc_
+  [[maybe_unused]] bool summed_ = false;    // W's row sums made
+  [[maybe_unused]] float background_ = 0;
+  [[maybe_unused]] index_t width_ = 0, ldw_ = 0, in_ = 0, rows_ = 0, ld_acc_ = 0, o0_ = 0;
 };
 
 inline sparse_input_forward_sums::sparse_input_forward_sums(const float* w, index_t ldw, index_t in, index_t rows,
