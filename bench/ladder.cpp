@@ -152,6 +152,26 @@ struct batch_set {
   std::function<void(std::size_t)> assemble;
 };
 
+// The convolutional workloads' batches: the first `count` of xs, each reshaped to 1 x 28 x 28 images, with their
+// labels in ys. out.batches views out.images and ys, which must outlive it.
+struct image_batches {
+  std::vector<Tensor<float>> images;
+  batch_set<std::int64_t> batches;
+};
+void view_as_images(const std::vector<Tensor<float>>& xs, const std::vector<Tensor<std::int64_t>>& ys,
+                    std::size_t count, image_batches& out) {
+  out.images.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    out.images.push_back(xs[i]);
+    out.images.back().reshape(shape{xs[i].extent(0), 1, 28, 28});
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    out.batches.x.push_back(out.images[i].view());
+    out.batches.y.push_back(ys[i].view());
+    out.batches.x_var.emplace_back(out.images[i]);
+  }
+}
+
 template <class StaticNet, class Target, class Loss>
 std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::function<nn::Sequential()> make_dynamic,
                              batch_set<Target>& batches, Loss loss, std::vector<std::shared_ptr<void>>& keep) {
@@ -408,18 +428,9 @@ int main(int argc, char** argv) try {
   if (only == "all" || only == "mnist_cnn") {
     // examples/mnist_cnn's network without its dropout: Conv 32 3x3 - ReLU - Conv 64 3x3 - ReLU - MaxPool 2 -
     // Flatten - Dense 128 ReLU - Dense 10, on the first batches of the same epoch, as 1 x 28 x 28 images.
-    std::vector<Tensor<float>> images;
-    batch_set<std::int64_t> b;
-    const std::size_t count = std::min<std::size_t>(xs.size(), 32);
-    for (std::size_t i = 0; i < count; ++i) {
-      images.push_back(xs[i]);
-      images.back().reshape(shape{xs[i].extent(0), 1, 28, 28});
-    }
-    for (std::size_t i = 0; i < count; ++i) {
-      b.x.push_back(images[i].view());
-      b.y.push_back(ys[i].view());
-      b.x_var.emplace_back(images[i]);
-    }
+    image_batches images;
+    view_as_images(xs, ys, std::min<std::size_t>(xs.size(), 32), images);
+    auto& b = images.batches;
     using Net = bench::mnist_cnn_net;
     auto rungs = make_rungs<Net, std::int64_t>(
         1, 64,
@@ -460,21 +471,17 @@ int main(int argc, char** argv) try {
     auto dir = data::find_data_dir("fashion-mnist", flags.get("--data", ""));
     const auto fashion = data::load_mnist(
         dir, data::split::train, {.scale = true, .mean = data::fashion_mnist_mean, .std = data::fashion_mnist_std});
-    std::vector<Tensor<float>> images;
-    std::vector<Tensor<std::int64_t>> labels;
+    std::vector<Tensor<float>> fashion_xs;
+    std::vector<Tensor<std::int64_t>> fashion_ys;
     data::data_loader loader(fashion, mnist_order);
     for (const auto& batch : loader.epoch(0)) {
-      if (images.size() == 32) break;
-      images.emplace_back(batch.x);
-      images.back().reshape(shape{batch.x.extent(0), 1, 28, 28});
-      labels.emplace_back(batch.y);
+      if (fashion_xs.size() == 32) break;
+      fashion_xs.emplace_back(batch.x);
+      fashion_ys.emplace_back(batch.y);
     }
-    batch_set<std::int64_t> b;
-    for (std::size_t i = 0; i < images.size(); ++i) {
-      b.x.push_back(images[i].view());
-      b.y.push_back(labels[i].view());
-      b.x_var.emplace_back(images[i]);
-    }
+    image_batches images;
+    view_as_images(fashion_xs, fashion_ys, fashion_xs.size(), images);
+    auto& b = images.batches;
     using Net = bench::resnet_net;
     auto rungs = make_rungs<Net, std::int64_t>(
         1, 64,
