@@ -165,7 +165,8 @@ struct chain {
       T* scratch;
       layer_context ctx;
     };
-    // Lays out the inputs and outputs as a forward with these choices does.
+    // Lays out the inputs and outputs for a pass whose forward made these choices (a forward rule's partner passes
+    // its input through): forward lays them out so, and backward again from the same choices.
     void place(const T* x, const std::array<int, count>& forward_choices) {
       each([&]<std::size_t I>() {
         inputs[I] = I == 0 ? x : outputs[I - 1];
@@ -207,9 +208,8 @@ struct chain {
     const pass p{ctx, fuse};
     runner<Policy, T> r{params, buffers, nullptr, nullptr, nullptr, scratch, ctx.batch};
     const auto choices = fusion::choose<G, fusion::forward_rules, +1>(p);
+    r.place(x, choices);
     each([&]<std::size_t I>() {
-      r.inputs[I] = I == 0 ? x : r.outputs[I - 1];
-      r.outputs[I] = bind_at<I>::aliases_input ? const_cast<T*>(r.inputs[I]) : scratch + table.activation[I] * r.n;
       if constexpr (!bind_at<I>::aliases_input) {
         if (!fusion::run<G, fusion::forward_rules, I>(choices[I], r, p)) {
           const auto m = r.template at<I>(p);
