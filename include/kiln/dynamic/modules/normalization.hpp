@@ -102,19 +102,22 @@ class basic_layer_norm : public basic_module<T> {
  public:
   using variable = basic_variable<T>;
 
-  explicit basic_layer_norm(kiln::shape normalized_shape, T eps = T(1e-5), bool elementwise_affine = true)
+  // bias: whether the affine transform has a bias (torch's LayerNorm(bias=False) has a weight alone).
+  explicit basic_layer_norm(kiln::shape normalized_shape, T eps = T(1e-5), bool elementwise_affine = true,
+                            bool bias = true)
       : shape_(normalized_shape), eps_(eps) {
     if (normalized_shape.rank() < 1 || normalized_shape.numel() <= 0)
       fail("LayerNorm: expected a non-empty normalized_shape, found ", normalized_shape);
     if (elementwise_affine) {
       weight = this->register_parameter("weight", Tensor<T>(normalized_shape));
-      bias = this->register_parameter("bias", Tensor<T>(normalized_shape));
+      if (bias) this->bias = this->register_parameter("bias", Tensor<T>(normalized_shape));
       random_generator rng = this->take_init_generator();
       reset_parameters(rng);
     }
   }
-  explicit basic_layer_norm(index_t normalized_size, T eps = T(1e-5), bool elementwise_affine = true)
-      : basic_layer_norm(kiln::shape{normalized_size}, eps, elementwise_affine) {}
+  explicit basic_layer_norm(index_t normalized_size, T eps = T(1e-5), bool elementwise_affine = true,
+                            bool bias = true)
+      : basic_layer_norm(kiln::shape{normalized_size}, eps, elementwise_affine, bias) {}
 
   variable forward(const variable& x) override {
     try {
@@ -125,10 +128,15 @@ class basic_layer_norm : public basic_module<T> {
   }
   void reset_parameters(random_generator&) override {
     if (!weight.defined()) return;
-    detail::host_values<T> w(weight), b(bias);
-    layer_norm_init<T>(w.span(), b.span());
+    detail::host_values<T> w(weight);
+    if (bias.defined()) {
+      detail::host_values<T> b(bias);
+      layer_norm_init<T>(w.span(), b.span());
+      b.write_back();
+    } else {
+      layer_norm_init<T>(w.span(), std::span<T>());
+    }
     w.write_back();
-    b.write_back();
   }
   std::string name() const override { return "LayerNorm"; }
   std::string extra_repr() const override {
