@@ -47,7 +47,13 @@
   X(kiln::nn::basic_recurrent, kiln::lstm_cell, T)      \
   X(kiln::nn::basic_recurrent, kiln::gru_cell, T)       \
   X(kiln::nn::basic_lstm, T)                            \
-  X(kiln::nn::basic_gru, T)
+  X(kiln::nn::basic_gru, T)                             \
+  X(kiln::nn::basic_multihead_attention, T)             \
+  X(kiln::nn::basic_transformer_encoder_layer, T)       \
+  X(kiln::nn::basic_causal_transformer_layer, T)        \
+  X(kiln::nn::basic_transformer_encoder, T)             \
+  X(kiln::nn::basic_sinusoidal_positional_encoding, T)  \
+  X(kiln::nn::basic_learned_positional_embedding, T)
 
 #define KILN_DYNAMIC_FUNCTIONS(X, T)                             \
   X(kiln::nn::detail::destroy_node, T)                           \
@@ -121,7 +127,10 @@
   X(kiln::nn::softmax, T)                                        \
   X(kiln::nn::log_softmax, T)                                    \
   X(kiln::nn::clip_grad_norm, T)                                 \
-  X(kiln::nn::clip_grad_value, T)
+  X(kiln::nn::clip_grad_value, T)                                \
+  X(kiln::nn::detail::attention_backward_entry, T)               \
+  X(kiln::nn::scaled_dot_product_attention, T)                   \
+  X(kiln::nn::generate_square_subsequent_mask, T)
 
 // Member templates, which the class entries leave out: (result, member, template argument, parenthesised parameters).
 #define KILN_DYNAMIC_MEMBER_TEMPLATES(X, T)                                                                \
