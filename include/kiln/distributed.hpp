@@ -13,3 +13,4 @@
 #include "kiln/distributed/process_group.hpp"
 #include "kiln/distributed/shard_dataset.hpp"
 #include "kiln/distributed/static_data_parallel.hpp"
+#include "kiln/distributed/sync_batch_norm.hpp"

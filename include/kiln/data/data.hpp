@@ -10,4 +10,5 @@
 #include "kiln/data/idx.hpp"
 #include "kiln/data/mnist.hpp"
 #include "kiln/data/npy.hpp"
+#include "kiln/data/text.hpp"
 #include "kiln/data/transforms.hpp"

@@ -74,6 +74,7 @@ class basic_batch_norm : public basic_module<T> {
   bool is_2d() const { return two_d_; }
   index_t num_features() const { return features_; }
   T eps() const { return eps_; }
+  T momentum() const { return momentum_; }
 
   variable weight, bias;                                  // (num_features) each, or empty without affine
   variable running_mean, running_var, num_batches_tracked;  // buffers

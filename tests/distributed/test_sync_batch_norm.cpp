@@ -1,0 +1,172 @@
+// SyncBatchNorm over MPI, run as two ranks (tests/distributed/CMakeLists.txt): 2 ranks x 32 samples with
+// SyncBatchNorm train as one process with BatchNorm on the 64 (parameters and running statistics after 20 steps),
+// where per-rank BatchNorm does not; its forward and input gradient on images against BatchNorm2d on the whole
+// batch; all_reduce_sum's gradient; evaluation without communication.
+//
+// Within float rounding, not bit for bit: the one-process kernel sums a channel's values in its own order (in
+// double), SyncBatchNorm sums each rank's share with the tensor ops and then adds the ranks' sums.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kiln/distributed.hpp"
+#include "kiln/dynamic/nn.hpp"
+#include "kiln/kiln.hpp"
+
+using namespace kiln;
+namespace dist = kiln::distributed;
+
+namespace {
+
+constexpr index_t features = 12, hidden = 16, classes = 5, global_batch = 64, steps = 20;
+
+Tensor<float> normal_tensor(const shape& s, std::uint64_t seed, float offset = 0) {
+  random_generator rng(seed);
+  Tensor<float> t(s);
+  for (auto& v : t.span()) v = offset + rng.normal<float>();
+  return t;
+}
+
+// Rows [first, first + count) of x (any rank, rows along dimension 0).
+Tensor<float> rows_of(const Tensor<float>& x, index_t first, index_t count) {
+  shape s = x.shape();
+  const index_t row = x.numel() / s[0];
+  s[0] = count;
+  Tensor<float> out(s);
+  std::copy_n(x.data() + first * row, count * row, out.data());
+  return out;
+}
+
+double max_relative_difference(std::span<const float> a, std::span<const float> b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1.0 + std::abs(double(b[i]))));
+  return worst;
+}
+std::span<const float> values(const nn::Variable& v) { return {v.data(), static_cast<std::size_t>(v.numel())}; }
+
+// Linear -> (Sync)BatchNorm -> ReLU -> Linear, the normalisation given.
+template <class Norm>
+nn::Sequential mlp(Norm&& norm) {
+  return nn::Sequential(nn::Linear(features, hidden), std::forward<Norm>(norm), nn::ReLU(), nn::Linear(hidden, classes));
+}
+
+// Trains model for `steps` SGD steps on batches drawn from `seed`, each rank taking its `share` of the rows of every
+// global batch starting at row `first`; reduce() runs between backward and step.
+template <class Reduce>
+void train_steps(nn::Sequential& model, index_t first, index_t share, Reduce reduce) {
+  optim::SGD sgd(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  random_generator labels(99);
+  for (index_t s = 0; s < steps; ++s) {
+    const Tensor<float> x = normal_tensor(shape{global_batch, features}, 1000 + std::uint64_t(s), 0.5f);
+    Tensor<std::int64_t> y(shape{global_batch});
+    for (auto& v : y.span()) v = static_cast<std::int64_t>(labels.below(classes));
+    Tensor<std::int64_t> mine(shape{share});
+    std::copy_n(y.data() + first, share, mine.data());
+    sgd.zero_grad();
+    auto loss = nn::cross_entropy(model(nn::Variable(rows_of(x, first, share))), mine);
+    loss.backward();
+    reduce();
+    sgd.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("SyncBatchNorm: 2 ranks x 32 train as one process's BatchNorm on 64; per-rank BatchNorm does not") {
+  set_num_threads(1);
+  dist::process_group group;
+  REQUIRE(group.size() == 2);
+  const index_t share = global_batch / 2, first = share * group.rank();
+
+  manual_seed(5);
+  auto reference = mlp(nn::BatchNorm1d(hidden));
+  train_steps(reference, 0, global_batch, [] {});
+
+  manual_seed(5);
+  auto synced = mlp(dist::SyncBatchNorm(group, hidden));
+  dist::dynamic_data_parallel ddp(synced, group);
+  train_steps(synced, first, share, [&] { ddp.reduce_gradients(); });
+
+  manual_seed(5);
+  auto per_rank = mlp(nn::BatchNorm1d(hidden));
+  dist::dynamic_data_parallel per_rank_ddp(per_rank, group);
+  train_steps(per_rank, first, share, [&] { per_rank_ddp.reduce_gradients(); });
+
+  const auto expected = reference.state_dict(), got = synced.state_dict(), unsynced = per_rank.state_dict();
+  REQUIRE(expected.size() == got.size());
+  double synced_difference = 0, unsynced_difference = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    CAPTURE(expected[i].first);
+    CHECK(got[i].first == expected[i].first);  // BatchNorm's names
+    synced_difference = std::max(synced_difference, max_relative_difference(got[i].second.span(), expected[i].second.span()));
+    unsynced_difference =
+        std::max(unsynced_difference, max_relative_difference(unsynced[i].second.span(), expected[i].second.span()));
+  }
+  MESSAGE("after 20 steps, largest relative difference to one process: SyncBatchNorm ", synced_difference,
+          ", per-rank BatchNorm ", unsynced_difference);
+  CHECK(synced_difference < 1e-6);
+  CHECK(unsynced_difference > 1e-3);
+}
+
+TEST_CASE("SyncBatchNorm: images normalised by the whole batch's statistics; gradients as BatchNorm2d's") {
+  set_num_threads(1);
+  dist::process_group group;
+  const index_t channels = 3, share = 4, first = share * group.rank();
+  const Tensor<float> images = normal_tensor(shape{2 * share, channels, 5, 5}, 7, 1.5f);
+  const Tensor<float> upstream = normal_tensor(shape{2 * share, channels, 5, 5}, 8);
+
+  manual_seed(1);
+  nn::BatchNorm2d whole(channels);
+  nn::Variable x_all(images, true);
+  const nn::Variable y_all = whole(x_all);
+  nn::sum(nn::mul(y_all, nn::Variable(upstream))).backward();
+
+  manual_seed(1);
+  dist::SyncBatchNorm synced(group, channels);
+  nn::Variable x_mine(rows_of(images, first, share), true);
+  const nn::Variable y_mine = synced(x_mine);
+  // The sum of both ranks' losses: on each rank, its rows' share of the whole batch's gradient.
+  nn::sum(nn::mul(y_mine, nn::Variable(rows_of(upstream, first, share)))).backward();
+
+  const Tensor<float> expected_y = rows_of(y_all.tensor(), first, share);
+  CHECK(max_relative_difference(values(y_mine), expected_y.span()) < 1e-5);
+  const Tensor<float> expected_dx = rows_of(Tensor<float>(x_all.grad()), first, share);
+  const Tensor<float> dx(x_mine.grad());
+  CHECK(max_relative_difference(dx.span(), expected_dx.span()) < 1e-5);
+  // weight and bias: each rank's part; the two parts add up to the whole batch's gradient.
+  for (auto [mine, all] : {std::pair{synced.weight, whole.weight}, std::pair{synced.bias, whole.bias}}) {
+    std::vector<float> summed(mine.grad().span().begin(), mine.grad().span().end());
+    group.all_reduce(std::span<float>(summed));
+    CHECK(max_relative_difference(summed, all.grad().span()) < 1e-5);
+  }
+  CHECK(max_relative_difference(values(synced.running_mean), values(whole.running_mean)) < 1e-6);
+  CHECK(max_relative_difference(values(synced.running_var), values(whole.running_var)) < 1e-6);
+
+  // Evaluation: the running statistics, no collective (ranks may evaluate different numbers of batches).
+  synced.eval();
+  whole.eval();
+  const nn::Variable a = synced(nn::Variable(rows_of(images, 0, 1 + group.rank()))),
+                     b = whole(nn::Variable(rows_of(images, 0, 1 + group.rank())));
+  CHECK(max_relative_difference(values(a), values(b)) == 0);
+  CHECK_THROWS_WITH_AS(synced(nn::Variable(Tensor<float>(shape{2, 4, 5}))), doctest::Contains("SyncBatchNorm"),
+                       kiln::error);
+}
+
+TEST_CASE("all_reduce_sum: the sum over the ranks, whose gradient is the sum of the ranks' gradients") {
+  dist::process_group group;
+  const float r = static_cast<float>(group.rank());
+  nn::Variable x(Tensor<float>(shape{3}, {1 + r, 2 + r, 3 + r}), true);
+  const nn::Variable y = dist::all_reduce_sum(x, group);
+  CHECK(y.data()[0] == 3.0f);  // (1 + 0) + (1 + 1)
+  CHECK(y.data()[2] == 7.0f);
+  // Rank r's loss weighs y by (r + 1): the gradient of the sum of both losses is 1 + 2 on every element.
+  nn::sum(nn::mul(y, r + 1)).backward();
+  for (float g : x.grad().span()) CHECK(g == 3.0f);
+}
