@@ -3,13 +3,17 @@
 // an input batch and kiln's outputs for it, in evaluation mode); beside each ONNX model its state_dict as
 // <name>.safetensors, whose names the ONNX initializers must carry. Models with batch norm or layer norm are trained a
 // few steps first, so that their running statistics and affine parameters are not the initial ones; recurrent models
-// keep their random initialisation or are trained likewise. A time-major model's input is (seq, batch, features).
+// keep their random initialisation or are trained likewise; attention and transformer models, whose outputs are
+// sequences, get noise on every parameter instead. A time-major model's input is (seq, batch, features).
 //   io_export onnx|safetensors <dir>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/onnx.hpp"
@@ -67,8 +71,27 @@ void static_case(const fs::path& dir, const std::string& name, Net& net, shape i
   write_floats(dir / (name + ".output.bin"), net.predict(x));
   std::printf("wrote %s\n", name.c_str());
 }
-void dynamic_case(const fs::path& dir, const std::string& name, nn::Module& model, shape in, io::onnx_options options) {
-  auto x = random_input(in, 6);
+// Adds N(0, scale^2) noise to every parameter, so that what starts at zero or one (the attention's in_proj_bias and
+// out_proj.bias, a LayerNorm's weight and bias) does not in the graph either.
+void perturb_parameters(nn::Module& model, std::uint64_t seed, float scale = 0.1f) {
+  random_generator rng(seed);
+  std::vector<std::pair<std::string, Tensor<float>>> dict;
+  for (const auto& [name, p] : model.named_parameters()) {
+    Tensor<float> t = p.tensor();
+    for (float& v : t.span()) v += scale * rng.normal<float>();
+    dict.emplace_back(name, std::move(t));
+  }
+  model.load_state_dict(dict, false);
+}
+// Token ids in [0, vocabulary) as floats, the input of a model starting with an nn::Embedding.
+Tensor<float> random_ids(shape s, index_t vocabulary, std::uint64_t seed) {
+  Tensor<float> x(s);
+  random_generator rng(seed);
+  for (float& v : x.span()) v = static_cast<float>(rng.below(static_cast<std::uint64_t>(vocabulary)));
+  return x;
+}
+void dynamic_case(const fs::path& dir, const std::string& name, nn::Module& model, const Tensor<float>& x,
+                  io::onnx_options options) {
   io::export_onnx(model, dir / (name + ".onnx"), options);
   io::save_weights(model, dir / (name + ".safetensors"));
   nn::no_grad guard;
@@ -76,6 +99,9 @@ void dynamic_case(const fs::path& dir, const std::string& name, nn::Module& mode
   write_floats(dir / (name + ".input.bin"), x);
   write_floats(dir / (name + ".output.bin"), model(nn::Variable(x)).tensor());
   std::printf("wrote %s\n", name.c_str());
+}
+void dynamic_case(const fs::path& dir, const std::string& name, nn::Module& model, shape in, io::onnx_options options) {
+  dynamic_case(dir, name, model, random_input(in, 6), std::move(options));
 }
 
 }  // namespace
@@ -352,6 +378,78 @@ int main(int argc, char** argv) try {
         nn::Linear(6, 3));
     train_dynamic(dyn_j, shape{8, 3, 8, 8}, 3);
     dynamic_case(dir, "dynamic_block_concat_add", dyn_j, shape{5, 3, 8, 8}, {.input_shape = {3, 8, 8}});
+
+    // Attention and transformers (dynamic/modules/attention.hpp, transformer.hpp, positional.hpp, embedding.hpp).
+    // Self-attention in a Sequential (query = key = value), batch first, 4 heads of 2 features, between Linears.
+    manual_seed(41);
+    auto dyn_attention = nn::Sequential(nn::Linear(5, 8), nn::MultiheadAttention(8, 4, {.batch_first = true}),
+                                        nn::Tanh(), nn::Linear(8, 3));
+    perturb_parameters(dyn_attention, 41);
+    dynamic_case(dir, "dynamic_attention_batch_first", dyn_attention, shape{4, 6, 5}, {.input_shape = {6, 5}});
+    // Time-major (seq, batch, features) and without bias, 2 heads.
+    manual_seed(42);
+    auto dyn_attention_tm = nn::Sequential(nn::MultiheadAttention(6, 2, {.bias = false}), nn::LayerNorm(6));
+    perturb_parameters(dyn_attention_tm, 42);
+    dynamic_case(dir, "dynamic_attention_time_major", dyn_attention_tm, shape{7, 3, 6}, {.input_shape = {7, -1, 6}});
+
+    // TransformerEncoderLayer, post-norm with relu (PyTorch's defaults), batch first, after the first 6 rows of a
+    // 16-row sinusoidal positional encoding.
+    manual_seed(43);
+    auto post_norm = nn::Sequential(nn::Linear(4, 8), nn::SinusoidalPositionalEncoding(8, 16, {.batch_first = true}),
+                                    nn::TransformerEncoderLayer(8, 2, {.dim_feedforward = 16, .batch_first = true}),
+                                    nn::Linear(8, 3));
+    perturb_parameters(post_norm, 43);
+    dynamic_case(dir, "dynamic_transformer_post_norm_relu", post_norm, shape{4, 6, 4}, {.input_shape = {6, 4}});
+    // Pre-norm with gelu and no bias, time-major, after a learned positional embedding (6 of its 10 rows): at opset
+    // 17 (LayerNormalization, Gelu's Erf form), 13 (LayerNorm decomposed) and 20 (a Gelu node).
+    manual_seed(44);
+    auto pre_norm = nn::Sequential(
+        nn::LearnedPositionalEmbedding(10, 8),
+        nn::TransformerEncoderLayer(8, 4, {.dim_feedforward = 12, .activation = nn::transformer_activation::gelu,
+                                           .norm_first = true, .bias = false}));
+    perturb_parameters(pre_norm, 44);
+    dynamic_case(dir, "dynamic_transformer_pre_norm_gelu", pre_norm, shape{6, 3, 8}, {.input_shape = {6, -1, 8}});
+    dynamic_case(dir, "dynamic_transformer_pre_norm_gelu_opset13", pre_norm, shape{6, 3, 8},
+                 {.opset = 13, .input_shape = {6, -1, 8}});
+    dynamic_case(dir, "dynamic_transformer_pre_norm_gelu_opset20", pre_norm, shape{6, 3, 8},
+                 {.opset = 20, .input_shape = {6, -1, 8}});
+
+    // A TransformerEncoder of two CausalTransformerLayers (the causal mask) and a final norm, batch first.
+    manual_seed(45);
+    auto causal_layer = [] { return nn::CausalTransformerLayer(8, 2, {.dim_feedforward = 16, .batch_first = true}); };
+    auto causal = nn::Sequential(nn::TransformerEncoder(causal_layer, 2, std::make_shared<nn::LayerNorm>(8)),
+                                 nn::Linear(8, 4));
+    perturb_parameters(causal, 45);
+    dynamic_case(dir, "dynamic_transformer_causal_encoder", causal, shape{3, 7, 8}, {.input_shape = {7, 8}});
+    // A time-major one without the final norm, its layers post-norm.
+    manual_seed(46);
+    auto causal_tm = nn::Sequential(nn::TransformerEncoder(
+        [] { return nn::CausalTransformerLayer(6, 3, {.dim_feedforward = 8}); }, 2));
+    perturb_parameters(causal_tm, 46);
+    dynamic_case(dir, "dynamic_transformer_causal_time_major", causal_tm, shape{5, 2, 6}, {.input_shape = {5, -1, 6}});
+
+    // A tiny GPT end to end: token ids (as floats) through an Embedding, learned positions, two pre-norm gelu
+    // CausalTransformerLayers, a LayerNorm and the head, logits [N, 10, 16].
+    manual_seed(47);
+    const nn::TransformerEncoderLayerOptions block{.dim_feedforward = 32,
+                                                   .activation = nn::transformer_activation::gelu,
+                                                   .batch_first = true, .norm_first = true};
+    auto gpt = nn::Sequential(nn::Embedding(16, 8), nn::LearnedPositionalEmbedding(12, 8, {.batch_first = true}),
+                              nn::CausalTransformerLayer(8, 2, block), nn::CausalTransformerLayer(8, 2, block),
+                              nn::LayerNorm(8), nn::Linear(8, 16));
+    perturb_parameters(gpt, 47);
+    dynamic_case(dir, "dynamic_tiny_gpt", gpt, random_ids(shape{5, 10}, 16, 47), {.input_shape = {10}});
+
+    // ViT-style: 4 patches of 16 pixels each, embedded by a Linear, learned positions, a TransformerEncoder of
+    // pre-norm gelu layers with a final norm, then the patches' features flattened into a classifier.
+    manual_seed(48);
+    auto vit = nn::Sequential(
+        nn::Linear(16, 8), nn::LearnedPositionalEmbedding(4, 8, {.batch_first = true}),
+        nn::TransformerEncoder(
+            [&] { return nn::TransformerEncoderLayer(8, 2, block); }, 2, std::make_shared<nn::LayerNorm>(8)),
+        nn::Flatten(), nn::Linear(32, 3));
+    perturb_parameters(vit, 48);
+    dynamic_case(dir, "dynamic_transformer_vit", vit, shape{4, 4, 16}, {.input_shape = {4, 16}});
   } else if (what == "safetensors") {
     using mlp = Sequential<policy::cpu, Input<3, 4>, Flatten, Dense<8, ReLU>, Dense<5>>;
     mlp net(8, 21);

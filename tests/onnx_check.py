@@ -3,7 +3,8 @@
 and onnxruntime on DIR/<name>.input.bin and compares with kiln's DIR/<name>.output.bin (|a - e| <= 1e-5 (1 + |e|)).
 The graph's input and output each have one symbolic dimension "N", the batch: first, or second in a time-major
 sequence ([seq, N, features]). The initializers carry the model's state_dict names (DIR/<name>.safetensors) with its
-values: each tensor is there under its name, or transposed under <name>_t (a Linear on inputs of rank > 2), except
+values: each tensor is there under its name, or transposed under <name>_t (a Linear on inputs of rank > 2, an
+attention's packed in_proj_weight), except
 num_batches_tracked (unused at inference) and the recurrent weights, which are regrouped in ONNX's gate order.
 
     python3 tests/onnx_check.py <path to io_export> <dir>

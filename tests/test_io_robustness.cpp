@@ -749,6 +749,57 @@ TEST_CASE("export_onnx: a module without an export is named with where it sits; 
   CHECK(entries_starting_with(path.parent_path(), "model.onnx").size() == 1);
 }
 
+TEST_CASE("export_onnx: transformer graphs name every value once; attention layers check the sequence they read") {
+  // A tiny GPT from float ids to logits: every value named once, every initializer used, the packed projection and
+  // the Linears' weights transposed under their state_dict names.
+  manual_seed(6);
+  const nn::TransformerEncoderLayerOptions block{.dim_feedforward = 8, .batch_first = true};
+  nn::Sequential gpt(nn::Embedding(10, 4), nn::LearnedPositionalEmbedding(6, 4, {.batch_first = true}),
+                     nn::CausalTransformerLayer(4, 2, block), nn::LayerNorm(4), nn::Linear(4, 10));
+  const auto g = read_graph(io::onnx_model_bytes(gpt, {.input_shape = {5}}));
+  check_well_formed(g);
+  CHECK(g.input_dims == std::vector<std::string>{"N", "5"});
+  CHECK(g.output_dims == std::vector<std::string>{"N", "5", "10"});
+  for (const char* name : {"0.weight", "1.weight", "2.self_attn.in_proj_weight_t", "2.self_attn.in_proj_bias",
+                           "2.self_attn.out_proj.weight_t", "2.linear1.weight_t", "2.norm1.weight", "2.norm2.bias",
+                           "4.weight_t"}) {
+    CAPTURE(name);
+    CHECK(std::count(g.initializers.begin(), g.initializers.end(), std::string(name)) == 1);
+  }
+
+  // The sequence each reads: the batch first or second as the layer says, its width, no longer than a table.
+  nn::Sequential batch_first(nn::Linear(6, 6), nn::MultiheadAttention(8, 2, {.batch_first = true}));
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(batch_first, {.input_shape = {5, 6}}),
+                       doctest::Contains("export_onnx: MultiheadAttention (batch_first) expects input of shape [N, "
+                                         "seq, 8], found a value of shape [N, 5, 6] (at Sequential[1] "
+                                         "MultiheadAttention("),
+                       error);
+  nn::Sequential time_major(nn::TransformerEncoderLayer(8, 2));
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(time_major, {.input_shape = {5, 8}}),
+                       doctest::Contains("TransformerEncoderLayer without batch_first expects input of shape [seq, N, "
+                                         "8] (the batch second: options.input_shape {seq, -1, 8}"),
+                       error);
+  nn::Sequential too_long(nn::SinusoidalPositionalEncoding(8, 4, {.batch_first = true}));
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(too_long, {.input_shape = {6, 8}}),
+                       doctest::Contains("SinusoidalPositionalEncoding holds 4 positions and the sequence has 6"),
+                       error);
+  // What the graph does not hold: attention over keys of another width, a layer type whose forward is its own.
+  nn::Sequential cross(nn::MultiheadAttention(8, 2, {.batch_first = true, .kdim = 4}));
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(cross, {.input_shape = {5, 8}}),
+                       doctest::Contains("as self-attention, with kdim = vdim = embed_dim (8), found kdim 4 and "
+                                         "vdim 8"),
+                       error);
+  struct own_layer : nn::TransformerEncoderLayer {
+    using nn::TransformerEncoderLayer::TransformerEncoderLayer;
+    std::string name() const override { return "OwnLayer"; }
+  };
+  nn::Sequential derived(own_layer(8, 2, {.batch_first = true}));
+  CHECK_THROWS_WITH_AS(io::onnx_model_bytes(derived, {.input_shape = {5, 8}}),
+                       doctest::Contains("expected a TransformerEncoderLayer or a CausalTransformerLayer, found "
+                                         "OwnLayer"),
+                       error);
+}
+
 TEST_CASE("export_onnx: CNN graphs name every value once, around the user's names, and use every initializer") {
   // Every kind of node the CNN layers write: Conv with and without bias, Pad (a ceil-mode average counting its
   // padding), both pools, the global pool's Flatten, BatchNormalization with and without affine, and LayerNorm as

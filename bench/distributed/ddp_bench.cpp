@@ -1,6 +1,6 @@
 // Data-parallel training over MPI on the wide MLP (784 -> 1024 ReLU -> 1024 ReLU -> 10, Adam, a batch of 256 split
-// across the ranks), in static mode: how much faster the ranks train than one process, and how much of the
-// all-reduce the overlap with the backward hides.
+// across the ranks), in static and dynamic mode: how much faster the ranks train than one process, and how much of
+// the all-reduce the overlap with the backward hides.
 //
 //   mpirun -np 2 --bind-to core build/bench/distributed/ddp_bench [--rounds 15] [--block 4] [--threads 1]
 //          [--bucket-mb 25] [--first-bucket-mb 1]
@@ -14,6 +14,9 @@
 //            moved forward by the reducer's progress thread during the backward;
 //   reduce   no training: the ranks meet at a barrier, then one blocking all-reduce of a buffer of the gradients'
 //            size (and its division by the ranks) is timed: the transfer and the sums without a wait for a slower rank.
+//   dynamic-local, dynamic-after, dynamic-overlap   the same model in dynamic mode (nn::Sequential): its share
+//            without communication; dynamic_data_parallel reducing after loss.backward(); and reducing during the
+//            backward through ddp.backward(loss).
 // The modes take turns, --block steps each, for --rounds rounds, so that a shared machine's slow and fast phases fall
 // on all of them alike (docs/benchmarks.md). A mode's figure is the median of its steps. Before any time is printed,
 // the bench checks that `after`, `polled` and `overlap` hold the same parameters, bit for bit (the same buckets give
@@ -31,6 +34,7 @@
 
 #include "../../examples/common.hpp"
 #include "kiln/distributed.hpp"
+#include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
 
 using namespace kiln;
@@ -89,8 +93,29 @@ int main(int argc, char** argv) try {
 
   std::vector<float> reduced(static_cast<std::size_t>(wide_mlp::flat_parameter_size), 1.0f);
 
-  enum { single_mode, local_mode, after_mode, polled_mode, overlap_mode, reduce_mode, mode_count };
-  const char* names[mode_count] = {"single", "local", "after", "polled", "overlap", "reduce"};
+  auto dynamic_mlp = [] {
+    manual_seed(42);
+    return nn::Sequential(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(), nn::Linear(1024, 10));
+  };
+  nn::Sequential dyn_local = dynamic_mlp(), dyn_after = dynamic_mlp(), dyn_overlap = dynamic_mlp();
+  distributed::dynamic_data_parallel ddp_dyn_after(dyn_after, group, buckets), ddp_dyn_overlap(dyn_overlap, group, buckets);
+  optim::Adam adam_dyn_local(dyn_local.parameters(), {.lr = 1e-3}), adam_dyn_after(dyn_after.parameters(), {.lr = 1e-3}),
+      adam_dyn_overlap(dyn_overlap.parameters(), {.lr = 1e-3});
+
+  enum {
+    single_mode,
+    local_mode,
+    after_mode,
+    polled_mode,
+    overlap_mode,
+    reduce_mode,
+    dyn_local_mode,
+    dyn_after_mode,
+    dyn_overlap_mode,
+    mode_count
+  };
+  const char* names[mode_count] = {"single", "local", "after", "polled", "overlap", "reduce",
+                                   "dynamic-local", "dynamic-after", "dynamic-overlap"};
   std::vector<double> times[mode_count], waits[mode_count];
   index_t steps[mode_count] = {};
   auto step = [&](int mode) {
@@ -110,6 +135,19 @@ int main(int argc, char** argv) try {
       waits[mode].push_back(ddp_after.reducer().wait_seconds());
     } else if (mode == reduce_mode) {
       group.all_reduce(std::span<float>(reduced), distributed::reduce_op::average);  // as the reducer: sum, divide
+    } else if (mode == dyn_local_mode || mode == dyn_after_mode || mode == dyn_overlap_mode) {
+      nn::Sequential& model = mode == dyn_local_mode ? dyn_local : mode == dyn_after_mode ? dyn_after : dyn_overlap;
+      optim::Adam& adam = mode == dyn_local_mode ? adam_dyn_local : mode == dyn_after_mode ? adam_dyn_after
+                                                                                          : adam_dyn_overlap;
+      adam.zero_grad();
+      const auto loss = nn::cross_entropy(model(nn::Variable::borrowing(xs)), ys.span());
+      if (mode == dyn_overlap_mode) ddp_dyn_overlap.backward(loss);
+      else loss.backward();
+      if (mode == dyn_after_mode) ddp_dyn_after.reduce_gradients();
+      if (mode == dyn_overlap_mode) ddp_dyn_overlap.reduce_gradients();
+      adam.step();
+      if (mode != dyn_local_mode)
+        waits[mode].push_back((mode == dyn_after_mode ? ddp_dyn_after : ddp_dyn_overlap).reducer().wait_seconds());
     } else if (mode == polled_mode) {
       ddp_polled.train_step(xs, ys, loss::cross_entropy{}, adam_polled);
       waits[mode].push_back(ddp_polled.reducer().wait_seconds());
@@ -136,6 +174,10 @@ int main(int argc, char** argv) try {
   const auto a = after.parameter_values(), p = polled.parameter_values(), o = overlap.parameter_values();
   if (!std::equal(a.begin(), a.end(), o.begin()) || !std::equal(p.begin(), p.end(), o.begin()))
     fail("ddp_bench: the overlapped and the after-backward all-reduces trained different parameters");
+  const auto dyn_a = dyn_after.state_dict(), dyn_o = dyn_overlap.state_dict();
+  for (std::size_t i = 0; i < dyn_a.size(); ++i)
+    if (!std::equal(dyn_a[i].second.span().begin(), dyn_a[i].second.span().end(), dyn_o[i].second.span().begin()))
+      fail("ddp_bench: dynamic mode's overlapped and after-backward all-reduces trained different parameters");
   std::vector<float> root(o.begin(), o.end());
   group.broadcast(std::span<float>(root));
   std::int64_t differ = !std::equal(root.begin(), root.end(), o.begin());
@@ -150,19 +192,26 @@ int main(int argc, char** argv) try {
   }
   const double reduce_ms = ms[after_mode] - ms[local_mode], exposed_ms = ms[overlap_mode] - ms[local_mode];
   const double hidden = reduce_ms > 0 ? 1 - exposed_ms / reduce_ms : 0;
+  const double dyn_reduce_ms = ms[dyn_after_mode] - ms[dyn_local_mode];
+  const double dyn_exposed_ms = ms[dyn_overlap_mode] - ms[dyn_local_mode];
+  const double dyn_hidden = dyn_reduce_ms > 0 ? 1 - dyn_exposed_ms / dyn_reduce_ms : 0;
   if (rank == 0) {
     std::printf("wide MLP 784-1024-1024-10, batch %lld over %d rank%s (%lld each), %d thread%s per rank, Adam; "
                 "buckets of %.3g MB (first %.3g MB), %zu per step; %d rounds of %d steps\n",
                 static_cast<long long>(global_batch), world, world == 1 ? "" : "s", static_cast<long long>(share),
                 threads, threads == 1 ? "" : "s", bucket_mb, first_bucket_mb, ddp_overlap.reducer().bucket_count(),
                 rounds, block);
-    std::printf("%-8s %10s %14s\n", "mode", "step ms", "end wait ms");
+    std::printf("%-16s %10s %14s\n", "mode", "step ms", "end wait ms");
     for (int mode = 0; mode < mode_count; ++mode)
-      std::printf("%-8s %10.3f %14.3f\n", names[mode], ms[mode], wait_ms[mode]);
+      std::printf("%-16s %10.3f %14.3f\n", names[mode], ms[mode], wait_ms[mode]);
     if (world > 1)
       std::printf("speed-up over one process: %.2fx; all-reduce %.3f ms after the backward, %.3f ms left with the "
                   "overlap: %.0f%% hidden\n",
                   ms[single_mode] / ms[overlap_mode], reduce_ms, exposed_ms, hidden * 100);
+    if (world > 1)
+      std::printf("dynamic mode: all-reduce %.3f ms after the backward, %.3f ms left with ddp.backward: %.0f%% "
+                  "hidden\n",
+                  dyn_reduce_ms, dyn_exposed_ms, dyn_hidden * 100);
     for (int mode = 0; mode < mode_count; ++mode)
       std::printf("RESULT bench=ddp_bench workload=wide_mlp ranks=%d threads=%d mode=%s step_ms=%.3f "
                   "end_wait_ms=%.3f\n",
@@ -170,6 +219,9 @@ int main(int argc, char** argv) try {
     std::printf("RESULT bench=ddp_bench workload=wide_mlp ranks=%d threads=%d speedup=%.3f allreduce_ms=%.3f "
                 "exposed_ms=%.3f hidden=%.3f\n",
                 world, threads, ms[single_mode] / ms[overlap_mode], reduce_ms, exposed_ms, hidden);
+    std::printf("RESULT bench=ddp_bench workload=wide_mlp mode=dynamic ranks=%d threads=%d allreduce_ms=%.3f "
+                "exposed_ms=%.3f hidden=%.3f\n",
+                world, threads, dyn_reduce_ms, dyn_exposed_ms, dyn_hidden);
   }
   return 0;
 } catch (const kiln::error& e) {

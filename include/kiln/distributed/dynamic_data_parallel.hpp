@@ -15,11 +15,21 @@
 // are being copied. A parameter that got no gradient in this step (unused by the forward, or still lazily zeroed by
 // zero_grad) counts as zeros, so the ranks' buckets still match; every reduced gradient is written back.
 //
-// The autograd tape has no per-parameter gradient-ready hooks, so the reduction starts after backward() returns
-// rather than during it: unlike static mode (static_data_parallel), it does not overlap the backward.
+// To overlap the reduction with the backward, as static mode does, call ddp.backward(loss) instead of
+// loss.backward(): the tape then says when each parameter's gradient is final (the last entry that reads the
+// parameter has run), and a bucket's all-reduce starts as soon as every parameter in it, and every one registered
+// after it, is final; reduce_gradients() then waits for the last buckets. After a plain loss.backward(),
+// reduce_gradients() reduces everything at once. Either way the sums are the same, bit for bit.
+//
+//   adam.zero_grad();
+//   ddp.backward(nn::cross_entropy(model(nn::Variable::borrowing(x)), y.span()));
+//   ddp.reduce_gradients();
+//   adam.step();
+//
 // Buffers (running statistics) are rank 0's at the start and each rank's own afterwards.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -60,7 +70,30 @@ class basic_dynamic_data_parallel {
     group.check_same(offset, "number of parameter values that require grad");
     group.check_same(static_cast<std::int64_t>(h), "fingerprint of the parameter names and shapes");
     flat_ = aligned_buffer<T>(offset);
+    for (const auto& e : entries_) leaves_.push_back(e.parameter.node());
+    ready_.assign(entries_.size(), false);
     broadcast_state();
+  }
+  basic_dynamic_data_parallel(const basic_dynamic_data_parallel&) = delete;
+  basic_dynamic_data_parallel& operator=(const basic_dynamic_data_parallel&) = delete;
+
+  // loss.backward(options), with each bucket's all-reduce started as soon as its gradients are final; call
+  // reduce_gradients() next.
+  void backward(const nn::basic_variable<T>& loss, nn::backward_options options = {}) {
+    if (step_open_)
+      fail("dynamic_data_parallel::backward: the previous backward's gradients were never reduced "
+           "(reduce_gradients() after each backward)");
+    reducer_.begin(std::span<T>(flat_.data(), static_cast<std::size_t>(flat_.size())));
+    step_open_ = true;
+    std::fill(ready_.begin(), ready_.end(), false);
+    next_ = entries_.size();
+    try {
+      loss.backward(listener_, options);
+    } catch (...) {
+      step_open_ = false;
+      reducer_.cancel();
+      throw;
+    }
   }
 
   // Copies the parameters and buffers of rank `root` to every rank.
@@ -75,15 +108,12 @@ class basic_dynamic_data_parallel {
   // Between backward() and the optimizer's step: every reduced parameter's gradient becomes the average over the
   // ranks.
   void reduce_gradients() {
-    std::span<T> flat(flat_.data(), static_cast<std::size_t>(flat_.size()));
-    reducer_.begin(flat);
-    for (auto e = entries_.rbegin(); e != entries_.rend(); ++e) {
-      const optim::parameter_slot<T> slot = as_parameter_slot(e->parameter);
-      T* into = flat_.data() + e->offset;
-      if (slot.grad_pending_zero && *slot.grad_pending_zero) std::memset(into, 0, bytes(slot.size));
-      else std::memcpy(into, slot.grad, bytes(slot.size));
-      reducer_.ready(e->offset, slot.size);
+    if (!step_open_) {
+      reducer_.begin(std::span<T>(flat_.data(), static_cast<std::size_t>(flat_.size())));
+      next_ = entries_.size();
     }
+    step_open_ = false;
+    while (next_ > 0) hand_over(--next_);
     reducer_.finish();
     for (const auto& e : entries_) {
       const optim::parameter_slot<T> slot = as_parameter_slot(e.parameter);
@@ -109,11 +139,41 @@ class basic_dynamic_data_parallel {
   };
   static std::size_t bytes(index_t count) { return static_cast<std::size_t>(count) * sizeof(T); }
 
+  // Copies entry k's gradient into the flat buffer and reports it final to the reducer (k counts down).
+  void hand_over(std::size_t k) {
+    const entry& e = entries_[k];
+    const optim::parameter_slot<T> slot = as_parameter_slot(e.parameter);
+    T* into = flat_.data() + e.offset;
+    if (slot.grad_pending_zero && *slot.grad_pending_zero) std::memset(into, 0, bytes(slot.size));
+    else std::memcpy(into, slot.grad, bytes(slot.size));
+    reducer_.ready(e.offset, slot.size);
+  }
+
+  // The tape's side of backward(): parameter i is final; hands over every final parameter right below those handed
+  // over (the reducer takes them from the end of the buffer down).
+  class listener : public nn::detail::gradient_ready_listener<T> {
+   public:
+    explicit listener(basic_dynamic_data_parallel& owner) : owner_(&owner) {}
+    std::span<nn::detail::variable_node<T>* const> watched_leaves() const override { return owner_->leaves_; }
+    void gradient_ready(std::size_t i) override {
+      owner_->ready_[i] = true;
+      while (owner_->next_ > 0 && owner_->ready_[owner_->next_ - 1]) owner_->hand_over(--owner_->next_);
+    }
+
+   private:
+    basic_dynamic_data_parallel* owner_;
+  };
+
   nn::basic_module<T>* module_;
   process_group* group_;
   gradient_reducer<T> reducer_;
   std::vector<entry> entries_;
   aligned_buffer<T> flat_;
+  std::vector<nn::detail::variable_node<T>*> leaves_;  // entries_' parameters, as the tape sees them
+  std::vector<bool> ready_;                            // during backward(): which are final
+  std::size_t next_ = 0;                               // entries [next_, end) are handed over
+  bool step_open_ = false;                             // backward() began a step that reduce_gradients() ends
+  listener listener_{*this};
 };
 
 using dynamic_data_parallel = basic_dynamic_data_parallel<float>;

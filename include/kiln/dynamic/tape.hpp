@@ -12,7 +12,9 @@
 // freed part raises an error instead of dropping the gradient that should have flowed there.
 #pragma once
 
+#include <algorithm>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -65,6 +67,21 @@ class backward_observer {
 
  protected:
   ~backward_observer() = default;
+};
+
+// Told during a backward when the gradient of each of a set of leaves is final: no entry left to walk takes that leaf
+// as an input. Data-parallel training (distributed/dynamic_data_parallel.hpp) starts reducing those gradients while
+// the rest of the backward runs, as PyTorch's DDP does from its gradient hooks. A leaf that this loss's graph does not
+// use is told of at the end.
+template <class T>
+class gradient_ready_listener {
+ public:
+  // The leaves watched, in the listener's own order: gradient_ready(i) refers to the i-th.
+  virtual std::span<variable_node<T>* const> watched_leaves() const = 0;
+  virtual void gradient_ready(std::size_t index) = 0;
+
+ protected:
+  ~gradient_ready_listener() = default;
 };
 
 // Seeds backward() at a one-element root: a leaf's gradient accumulates the 1, an op's output is set to it, and a
@@ -136,7 +153,8 @@ class tape {
   // Back-propagates from root (which holds one element, requires grad and was made by an op), then frees the entries
   // it went through, unless retain_graph keeps them for another backward. An entry whose output got no gradient is not
   // part of this loss's graph and stays.
-  void backward(variable_node<T>* root, bool retain_graph = false) {
+  // A listener is told when each of its leaves' gradients is final (see gradient_ready_listener).
+  void backward(variable_node<T>* root, bool retain_graph = false, gradient_ready_listener<T>* listener = nullptr) {
     struct free_at_exit {
       tape* self;
       int top;
@@ -149,7 +167,9 @@ class tape {
     retaining_graph_ = retain_graph;
     seed_gradient(root);
     seeded_root_ = root->is_leaf ? nullptr : root;
+    leaf_readiness readiness(entries_, root->creator, listener);
     for (int i = root->creator; i >= 0; --i) {
+      readiness.passed(i + 1);
       auto& e = entries_[static_cast<std::size_t>(i)];
       if (!e.out || !e.out->grad) continue;  // dead, or not part of this loss's graph
       for (auto* n : e.in)
@@ -170,6 +190,7 @@ class tape {
       out->creator = -1;
       out->graph_freed = true;
     }
+    readiness.passed(-1);
   }
 
   // Drops every entry; their outputs become values whose graph is gone.
@@ -244,6 +265,44 @@ class tape {
     entries_.resize(kept);
     if (kept * 2 > entries_.capacity()) entries_.reserve(entries_.capacity() * 2);
   }
+
+  // For a backward with a listener: the lowest entry (the last the walk reaches) that takes each watched leaf as an
+  // input, and the leaves in the order the walk finishes them. passed(i) tells the listener of the leaves no entry
+  // below i reads, once the walk has done every entry from i up.
+  class leaf_readiness {
+   public:
+    leaf_readiness(const std::vector<tape_entry<T>>& entries, int top, gradient_ready_listener<T>* listener)
+        : listener_(listener) {
+      if (!listener) return;
+      const auto leaves = listener->watched_leaves();
+      last_use_.assign(leaves.size(), -1);
+      for (int i = top; i >= 0; --i) {
+        const auto& e = entries[static_cast<std::size_t>(i)];
+        auto note = [&](const variable_node<T>* n) {
+          if (!n || !n->is_leaf) return;
+          for (std::size_t k = 0; k < leaves.size(); ++k)
+            if (leaves[k] == n) last_use_[k] = i;
+        };
+        for (const auto* n : e.in) note(n);
+        if (e.saved)
+          for (const auto* n : e.saved->inputs) note(n);
+      }
+      order_.resize(leaves.size());
+      for (std::size_t k = 0; k < order_.size(); ++k) order_[k] = k;
+      std::stable_sort(order_.begin(), order_.end(),
+                       [&](std::size_t a, std::size_t b) { return last_use_[a] > last_use_[b]; });
+    }
+    void passed(int i) {
+      while (listener_ && next_ < order_.size() && last_use_[order_[next_]] >= i)
+        listener_->gradient_ready(order_[next_++]);
+    }
+
+   private:
+    gradient_ready_listener<T>* listener_;
+    std::vector<int> last_use_;
+    std::vector<std::size_t> order_;
+    std::size_t next_ = 0;
+  };
 
   [[noreturn]] static void fail_freed(const variable_node<T>* n) {
     fail("Variable::backward: this loss depends on a value of shape ", n->shape,

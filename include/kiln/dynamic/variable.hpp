@@ -147,7 +147,14 @@ class basic_variable {
   // graph it went through (as PyTorch without retain_graph); other graphs on this thread's tape stay usable. With
   // {.retain_graph = true} the graph stays, for a second backward through it (another loss sharing part of it, or
   // the same loss again).
-  void backward(backward_options options = {}) const {
+  void backward(backward_options options = {}) const { backward_from_here(options, nullptr); }
+  // The same, telling `listener` as each watched leaf's gradient becomes final (detail::gradient_ready_listener).
+  void backward(detail::gradient_ready_listener<T>& listener, backward_options options = {}) const {
+    backward_from_here(options, &listener);
+  }
+
+ private:
+  void backward_from_here(backward_options options, detail::gradient_ready_listener<T>* listener) const {
     if (numel() != 1)
       fail("Variable::backward: expected a value with one element (a loss), found shape ", shape(),
            "; reduce it first, e.g. with nn::sum or nn::mean");
@@ -158,10 +165,14 @@ class basic_variable {
       if (node_->graph_freed)
         fail("Variable::backward: the graph that produced this value was already freed by an earlier backward()");
       detail::seed_gradient(node_);  // a leaf: no op made it (a graph that was freed failed above)
+      if (listener)
+        for (std::size_t i = 0; i < listener->watched_leaves().size(); ++i) listener->gradient_ready(i);
       return;
     }
-    detail::tape<T>::instance().backward(node_, options.retain_graph);
+    detail::tape<T>::instance().backward(node_, options.retain_graph, listener);
   }
+
+ public:
 
   // A leaf sharing this value's storage, cut off from the graph (requires_grad false).
   basic_variable detach() const {

@@ -4,8 +4,8 @@
 // whose graph has one input "input" of shape [N, ...] with a symbolic batch dimension "N" ([seq, N, ...] for a
 // time-major dynamic model, see onnx_options::input_shape), one output "output", the weights as float initializers
 // (raw_data) named as in the model's state_dict ("0.weight", "1.body.0.running_mean"; a tensor the exporter derives
-// says how, "2.weight_t", or has a name of its own, the recurrent layers' gates in ONNX's order), and one node per
-// operation:
+// says how, "2.weight_t", "0.self_attn.in_proj_weight_t", or has a name of its own, the recurrent layers' gates in
+// ONNX's order), and one node per operation:
 //   Dense / Linear          Gemm (transB = 1) on 2-d inputs, MatMul + Add on higher ranks
 //   ReLU, Sigmoid, Tanh     Relu, Sigmoid, Tanh;  LeakyReLU: LeakyRelu (alpha)
 //   GELU                    Gelu (opset >= 20), else its erf form 0.5 * x * (1 + Erf(x / sqrt 2))
@@ -22,6 +22,18 @@
 //                           GRU linear_before_reset = 1; Transposes around the time-major nodes for batch first.
 //                           AllSteps: Y; LastStep: Gather of step -1; FinalState: Y_h; directions joined along the
 //                           features by Transpose + Reshape (Squeeze for one direction); see onnx_recurrent.hpp
+//   nn::MultiheadAttention  self-attention (its one-argument forward: query = key = value, no masks): MatMul with the
+//                           transposed in_proj_weight + Add, Split into q, k, v, Reshape + Transpose into heads, Mul
+//                           by 1 / sqrt(head_dim), MatMul (q k^T), Softmax over the keys, MatMul with v, Transpose +
+//                           Reshape merging the heads, out_proj as a Linear; Transposes around it for a time-major
+//                           (batch second) sequence; see onnx_attention.hpp
+//   nn::TransformerEncoderLayer  its sublayers as above (self_attn, linear1, ReLU or GELU, linear2, norm1, norm2 as
+//                           LayerNorm) with an Add per residual, norm first or after;  nn::CausalTransformerLayer: the
+//                           same with a constant [L, L] mask (-inf above the diagonal) added to the scores
+//   nn::TransformerEncoder  its layers in turn, then its norm (if any)
+//   nn::Embedding           Cast of the float ids to int64 + Gather of the weight's rows (see onnx_embedding.hpp)
+//   nn::SinusoidalPositionalEncoding, nn::LearnedPositionalEmbedding   Slice of the table's first L rows (the whole
+//                           table is the initializer) + Add (a Reshape to [L, 1, E] first for a time-major sequence)
 //   Chain, nn::Sequential   its layers in turn
 //   Residual, nn::Residual  the body and the shortcut (if any) from the block's input, then Add (shortcut or input,
 //                           body)

@@ -1,7 +1,9 @@
 // ONNX export of dynamic-mode models: an nn::Sequential, nn::Residual, nn::Add or nn::Concat (nested in each other as
 // deep as they go) of Linear, the activations, Softmax, LogSoftmax, Flatten, Identity, Conv2d, MaxPool2d, AvgPool2d,
 // AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d, BatchNorm2d, LayerNorm, Dropout, and LSTM and GRU (plain,
-// handing on every step, or as nn::AllSteps, nn::LastStep, nn::FinalState). The weights are named as in the model's
+// handing on every step, or as nn::AllSteps, nn::LastStep, nn::FinalState), MultiheadAttention (self-attention, its
+// one-argument forward), TransformerEncoderLayer, CausalTransformerLayer, TransformerEncoder, Embedding,
+// SinusoidalPositionalEncoding and LearnedPositionalEmbedding. The weights are named as in the model's
 // state_dict. The input's per-sample shape must be given (options.input_shape), since a module does not know it;
 // a time-major model (a recurrent module without batch_first reading the input) puts -1 second, for the batch. The
 // graph is the model's evaluation-mode computation (running statistics, no dropout) whether or not the model is in
@@ -9,14 +11,18 @@
 //
 //   kiln::io::export_onnx(model, "mlp.onnx", {.input_shape = {28, 28}});
 //   kiln::io::export_onnx(lstm_model, "lstm.onnx", {.input_shape = {12, -1, 1}});  // (seq, batch, features) input
+//   kiln::io::export_onnx(gpt, "gpt.onnx", {.input_shape = {64}});  // 64 token ids per sequence, as floats
 #pragma once
 
 #include <filesystem>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/onnx.hpp"
+#include "kiln/io/onnx_attention.hpp"
+#include "kiln/io/onnx_embedding.hpp"
 
 namespace kiln::io {
 
@@ -45,6 +51,56 @@ void onnx_recurrent_module(onnx_builder& b, const nn::basic_recurrent<Cell, floa
     output = rnn_output::final_state;
   host_copy params(r.flat_parameters());
   onnx_recurrent<Cell>(b, r.dims(), params.data(), output);
+}
+
+// A float MultiheadAttention's shape and parameters (host values) as onnx_self_attention takes them. Self-attention
+// has one width: kdim or vdim other than embed_dim (key and value of other widths) is refused.
+class attention_host_weights {
+ public:
+  explicit attention_host_weights(const nn::MultiheadAttention& a)
+      : dims_{a.embed_dim(), a.num_heads(), a.batch_first()}, in_w_(a.in_proj_weight), in_b_(a.in_proj_bias),
+        out_w_(a.out_proj->weight), out_b_(a.out_proj->bias) {
+    if (a.kdim() != a.embed_dim() || a.vdim() != a.embed_dim())
+      fail("export_onnx: MultiheadAttention exports as self-attention, with kdim = vdim = embed_dim (", a.embed_dim(),
+           "), found kdim ", a.kdim(), " and vdim ", a.vdim());
+  }
+  const onnx_attention_dims& dims() const { return dims_; }
+  onnx_attention_weights weights() const { return {in_w_.data(), in_b_.data(), out_w_.data(), out_b_.data()}; }
+
+ private:
+  onnx_attention_dims dims_;
+  host_copy in_w_, in_b_, out_w_, out_b_;
+};
+
+// A float TransformerEncoderLayer's one-argument forward (no mask), or a CausalTransformerLayer's (the causal mask).
+// Another type derived from them may have a forward of its own, which the exporter cannot see, so it is refused.
+inline void onnx_transformer_layer_module(onnx_builder& b, const nn::TransformerEncoderLayer& layer) {
+  const bool causal = typeid(layer) == typeid(nn::CausalTransformerLayer);
+  if (!causal && typeid(layer) != typeid(nn::TransformerEncoderLayer))
+    fail("export_onnx: expected a TransformerEncoderLayer or a CausalTransformerLayer, found ", layer.name(),
+         ", a type derived from them whose forward the exporter does not know");
+  const attention_host_weights attention(*layer.self_attn);
+  const nn::transformer_encoder_layer_options& o = layer.options();
+  host_copy w1(layer.linear1->weight), b1(layer.linear1->bias), w2(layer.linear2->weight), b2(layer.linear2->bias),
+      n1w(layer.norm1->weight), n1b(layer.norm1->bias), n2w(layer.norm2->weight), n2b(layer.norm2->bias);
+  onnx_transformer_encoder_layer(
+      b,
+      {.attention = attention.dims(),
+       .dim_feedforward = o.dim_feedforward,
+       .feed_forward_activation =
+           o.activation == nn::transformer_activation::gelu ? activation::gelu : activation::relu,
+       .layer_norm_eps = static_cast<double>(layer.norm1->eps()),
+       .norm_first = o.norm_first,
+       .causal = causal},
+      {.self_attn = attention.weights(),
+       .linear1_weight = w1.data(),
+       .linear1_bias = b1.data(),
+       .linear2_weight = w2.data(),
+       .linear2_bias = b2.data(),
+       .norm1_weight = n1w.data(),
+       .norm1_bias = n1b.data(),
+       .norm2_weight = n2w.data(),
+       .norm2_bias = n2b.data()});
 }
 
 // Writes one module that is not a Sequential; false when the exporter does not know it.
@@ -88,6 +144,22 @@ inline bool onnx_emit_leaf(onnx_builder& b, const nn::Module& m) {
   } else if (auto* ln = dynamic_cast<const nn::LayerNorm*>(&m)) {
     host_copy w(ln->weight), bias(ln->bias);
     onnx_layer_norm(b, ln->normalized_shape(), w.data(), bias.data(), ln->eps());
+  } else if (auto* attention = dynamic_cast<const nn::MultiheadAttention*>(&m)) {
+    const attention_host_weights a(*attention);  // its one-argument forward: self-attention without masks
+    onnx_self_attention(b, a.dims(), a.weights(), false);
+  } else if (auto* layer = dynamic_cast<const nn::TransformerEncoderLayer*>(&m)) {
+    onnx_transformer_layer_module(b, *layer);
+  } else if (auto* tokens = dynamic_cast<const nn::Embedding*>(&m)) {
+    host_copy w(tokens->weight);
+    onnx_embedding(b, w.data(), tokens->num_embeddings(), tokens->embedding_dim());
+  } else if (auto* sinusoid = dynamic_cast<const nn::SinusoidalPositionalEncoding*>(&m)) {
+    host_copy pe(sinusoid->pe);
+    onnx_add_positions(b, "SinusoidalPositionalEncoding", "pe", pe.data(), sinusoid->pe.shape()[0],
+                       sinusoid->pe.shape()[1], sinusoid->batch_first());
+  } else if (auto* learned = dynamic_cast<const nn::LearnedPositionalEmbedding*>(&m)) {
+    host_copy w(learned->weight);
+    onnx_add_positions(b, "LearnedPositionalEmbedding", "weight", w.data(), learned->weight.shape()[0],
+                       learned->weight.shape()[1], learned->batch_first());
   } else if (auto* lstm = dynamic_cast<const nn::basic_recurrent<lstm_cell, float>*>(&m)) {
     onnx_recurrent_module<lstm_cell, nn::LSTM>(b, *lstm);
   } else if (auto* gru = dynamic_cast<const nn::basic_recurrent<gru_cell, float>*>(&m)) {
@@ -109,7 +181,8 @@ void onnx_join(const nn::Module& block, const std::string& where, Join&& join) {
 }
 
 // Writes module m, found at where (for messages: "Sequential[1].body[0]"), whose state_dict names begin with prefix
-// ("1.body.0."). A container or block writes its children under their names; a leaf through onnx_emit_leaf.
+// ("1.body.0."). A container or block (a TransformerEncoder among them) writes its children under their names; a
+// leaf through onnx_emit_leaf.
 inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::string& where,
                              const std::string& prefix) {
   const auto& children = m.named_children();
@@ -132,6 +205,14 @@ inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::st
     onnx_join(m, where, [&] {
       onnx_add(b, {s, f}, {residual->has_shortcut() ? "the shortcut" : "the input", "the body"}, "Residual", false);
     });
+    return;
+  }
+  if (auto* encoder = dynamic_cast<const nn::TransformerEncoder*>(&m)) {
+    // Its layers' one-argument forwards in turn, then the final norm if any, as its one-argument forward.
+    for (std::size_t i = 0; i < encoder->layers.size(); ++i)
+      onnx_emit_module(b, *encoder->layers[i], where + ".layers[" + std::to_string(i) + "]",
+                       prefix + "layers." + std::to_string(i) + ".");
+    if (encoder->norm) onnx_emit_module(b, *encoder->norm, where + ".norm", prefix + "norm.");
     return;
   }
   const bool add = dynamic_cast<const nn::Add*>(&m) != nullptr;
@@ -165,7 +246,9 @@ inline void onnx_emit_module(onnx_builder& b, const nn::Module& m, const std::st
     fail("export_onnx: ", where, " ", m.describe(), " has no ONNX export (exported: Sequential, Linear, ReLU, "
          "LeakyReLU, GELU, Sigmoid, Tanh, Identity, Softmax, LogSoftmax, Flatten, Conv2d, MaxPool2d, AvgPool2d, "
          "AdaptiveAvgPool2d(1), GlobalAvgPool2d, BatchNorm1d, BatchNorm2d, LayerNorm, Dropout, LSTM, GRU, AllSteps, "
-         "LastStep, FinalState, and the blocks Residual, Add, Concat)");
+         "LastStep, FinalState, MultiheadAttention, TransformerEncoderLayer, CausalTransformerLayer, "
+         "TransformerEncoder, Embedding, SinusoidalPositionalEncoding, LearnedPositionalEmbedding, and the blocks "
+         "Residual, Add, Concat)");
 }
 }  // namespace detail
 

@@ -76,6 +76,8 @@ class basic_sinusoidal_positional_encoding : public basic_module<T> {
     return "d_model=" + std::to_string(pe.shape()[1]) + ", max_len=" + std::to_string(pe.shape()[0]);
   }
 
+  bool batch_first() const { return batch_first_; }
+
   basic_variable<T> pe;  // [max_len, d_model]
 
  private:
@@ -111,6 +113,8 @@ class basic_learned_positional_embedding : public basic_module<T> {
   std::string extra_repr() const override {
     return "max_len=" + std::to_string(weight.shape()[0]) + ", d_model=" + std::to_string(weight.shape()[1]);
   }
+
+  bool batch_first() const { return batch_first_; }
 
   basic_variable<T> weight;  // [max_len, d_model]
 
