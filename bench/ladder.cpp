@@ -31,8 +31,10 @@
 #include <vector>
 
 #include "../examples/common.hpp"
+#include "../examples/tiny_gpt_net.hpp"
 #include "mnist_nets.hpp"
 #include "kiln/data/data.hpp"
+#include "kiln/data/text.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
 
@@ -225,16 +227,45 @@ std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::functio
   return rungs;
 }
 
+// The transformer's rungs, dynamic mode only: examples/tiny_gpt's model at its default size from seed 1, AdamW(lr 2e-3, weight decay 0.01), the mean
+// cross-entropy of the logits [N, L, 256] against the next tokens over all N * L positions; without and with the
+// caching allocator.
+std::vector<rung> make_transformer_rungs(batch_set<std::int64_t>& batches, std::vector<std::shared_ptr<void>>& keep) {
+  std::vector<rung> rungs;
+  for (bool caching : {false, true}) {
+    manual_seed(1);
+    auto model = std::make_shared<examples::TinyGPT>(examples::gpt_options{});
+    auto opt = std::make_shared<optim::AdamW>(model->parameters(),
+                                              optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
+    keep.push_back(model);
+    keep.push_back(opt);
+    rungs.push_back({caching ? 2 : 1, caching ? "dynamic + caching allocator" : "dynamic eager",
+                     [model, opt, caching, &batches](std::size_t b) {
+                       nn::set_caching_allocator(caching);
+                       opt->zero_grad();
+                       const nn::Variable logits = (*model)(batches.x_var[b]);
+                       const index_t rows = logits.shape()[0] * logits.shape()[1];
+                       nn::Variable l = nn::cross_entropy(nn::view(logits, {rows, logits.shape()[2]}),
+                                                          batches.y[b].span());
+                       l.backward();
+                       opt->step();
+                       return l.item();
+                     }});
+  }
+  return rungs;
+}
+
 struct workload_result {
   std::string name;
   std::vector<std::pair<rung*, measurement>> rows;
 };
 
-// Checks that every rung gives rung 1's losses for the first steps, then measures each rung.
+// Checks that every rung gives rung 1's losses for the first steps (check_steps of them; 0: three passes over the
+// batches, at most 30 steps), then measures each rung.
 template <class Target>
 bool run_workload(const std::string& name, std::vector<rung>& rungs, batch_set<Target>& batches, long long steps,
-                  int reps, int threads, const char* unit_note) {
-  const std::size_t check_steps = std::min<std::size_t>(30, batches.x.size() * 3);
+                  int reps, int threads, const char* unit_note, std::size_t check_steps = 0) {
+  if (check_steps == 0) check_steps = std::min<std::size_t>(30, batches.x.size() * 3);
   std::vector<std::vector<float>> losses(rungs.size());
   for (std::size_t r = 0; r < rungs.size(); ++r)
     for (std::size_t i = 0; i < check_steps; ++i) {
@@ -489,6 +520,35 @@ int main(int argc, char** argv) try {
         b, loss::cross_entropy{}, keep);
     ok &= run_workload("resnet", rungs, b, quick ? 3 : 10, reps, threads,
                        "ResNet 16-32-64, 2 blocks a stage, BatchNorm, batch 64 of Fashion-MNIST, CE, Adam");
+  }
+  if (only == "all" || only == "transformer") {
+    // examples/tiny_gpt's training step on the first 8 batches of 32 windows of 128 bytes of the training text, side
+    // by side and in order (the peers read the same ones, bench/peers/common.text_batches), with next-token targets.
+    const auto corpus = data::load_text_corpus(data::find_data_dir("text", flags.get("--data", "")));
+    const data::text_windows<float> windows(corpus.train, examples::gpt_options{}.context);
+    constexpr index_t batch = 32, count = 8;
+    if (windows.size() < batch * count) fail("ladder: the text corpus has ", windows.size(), " windows, fewer than ",
+                                             batch * count);
+    std::vector<Tensor<float>> ids;
+    std::vector<Tensor<std::int64_t>> targets;
+    for (index_t i = 0; i < count; ++i) {
+      ids.emplace_back(shape{batch, examples::gpt_options{}.context});
+      targets.emplace_back(shape{batch, examples::gpt_options{}.context});
+      for (index_t j = 0; j < batch; ++j)
+        windows.get(i * batch + j, ids.back().view().rows(j, 1), targets.back().view().rows(j, 1));
+    }
+    batch_set<std::int64_t> b;
+    for (index_t i = 0; i < count; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      b.x.push_back(ids[k].view());
+      b.y.push_back(targets[k].view());
+      b.x_var.emplace_back(ids[k]);
+    }
+    auto rungs = make_transformer_rungs(b, keep);
+    // Two steps of loss check, enough for rungs that differ in the allocator alone: the second step already reuses
+    // the blocks the first one freed.
+    ok &= run_workload("transformer", rungs, b, quick ? 3 : 10, reps, threads,
+                       "tiny GPT, 4 layers of width 128, batch 32 x 128 bytes, CE, AdamW", 2);
   }
   nn::set_caching_allocator(true);
   return ok ? 0 : 1;

@@ -18,8 +18,10 @@
 // Modes, each with its own copy of the same model (same seed, same batches in the same order):
 //   1 thread, pinned to each of the first N CPUs the process may use in turn (one mode per CPU); each round's
 //   one-thread figure is the faster CPU's, so that a core running slow for a while does not pass for scaling;
-//   N threads, the work split equally (set_thread_balancing(false));
-//   N threads, the work split by each thread's recent speed (thread_balance.hpp, the default);
+//   N threads, the fused step's hidden units split equally (set_thread_balancing(false));
+//   N threads, the fused step's hidden units split by each thread's recent speed (thread_balance.hpp, the default);
+//   the layer-by-layer step hands its loops' chunks to the threads as they come free (kernels/cpu/parallel.hpp) in
+//   both;
 //   N independent copies at once: N models, each trained on one thread pinned to its own CPU, all N running their
 //   blocks at the same time. Its figure is each copy's step time divided by N (N steps done in that time), so that
 //   "1 thread / this" is the throughput N cores give to work that shares nothing: the ceiling that this machine puts

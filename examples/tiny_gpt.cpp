@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "tiny_gpt_net.hpp"
 #include "kiln/data/data_loader.hpp"
 #include "kiln/data/find_data.hpp"
 #include "kiln/data/text.hpp"
@@ -29,37 +30,10 @@
 #include "kiln/optim/lr_scheduler.hpp"
 
 using namespace kiln;
+using kiln::examples::gpt_options;
+using kiln::examples::TinyGPT;
 
 namespace {
-
-struct gpt_options {
-  index_t layers = 4, width = 128, heads = 4, context = 128;
-  double dropout = 0.0;
-};
-
-// ids [N, L] (whole numbers) -> next-token logits [N, L, 256].
-struct TinyGPT : nn::Module {
-  explicit TinyGPT(const gpt_options& o) {
-    tokens = register_module("tokens", nn::Embedding(data::byte_vocabulary::size, o.width));
-    positions = register_module("positions", nn::LearnedPositionalEmbedding(o.context, o.width, {.batch_first = true}));
-    const nn::TransformerEncoderLayerOptions block{.dim_feedforward = 4 * o.width,
-                                                   .dropout = o.dropout,
-                                                   .activation = nn::transformer_activation::gelu,
-                                                   .batch_first = true,
-                                                   .norm_first = true};
-    trunk = register_module(
-        "trunk", nn::TransformerEncoder([&] { return nn::CausalTransformerLayer(o.width, o.heads, block); }, o.layers,
-                                        std::make_shared<nn::LayerNorm>(o.width)));
-    head = register_module("head", nn::Linear(o.width, data::byte_vocabulary::size));
-  }
-  nn::Variable forward(const nn::Variable& ids) override { return (*head)((*trunk)((*positions)((*tokens)(ids)))); }
-  std::string name() const override { return "TinyGPT"; }
-
-  std::shared_ptr<nn::Embedding> tokens;
-  std::shared_ptr<nn::LearnedPositionalEmbedding> positions;
-  std::shared_ptr<nn::TransformerEncoder> trunk;
-  std::shared_ptr<nn::Linear> head;
-};
 
 // Mean cross-entropy in nats of logits [N, L, V] against targets [N, L].
 nn::Variable next_token_loss(const nn::Variable& logits, tensor_view<const std::int64_t> targets) {

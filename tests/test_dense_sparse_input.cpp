@@ -1,8 +1,11 @@
 // The sparse-input products (kernels/cpu/dense_sparse_input.hpp): the listing of an input mostly of one value, the
 // forward and the weight gradient against a double-precision product for inputs of background 0 and not, parts over
 // output ranges with the whole call's bits, NaNs reaching the outputs they would reach, Dense's forward and backward
-// in both modes taking them (and the same values within float rounding with them switched off), and which inputs
-// they decline. The fused step's agreement with them is in test_fused_mlp.cpp.
+// in both modes taking them on policy::cpu_sparse_input (and the same values within float rounding with them switched
+// off, or on policy::cpu), and which inputs they decline. The fused step's agreement with them is in
+// test_fused_mlp.cpp.
+// Dynamic mode's policy is chosen before kiln is included, for this whole program.
+#define KILN_DYNAMIC_POLICY ::kiln::policy::cpu_sparse_input
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -239,7 +242,7 @@ TEST_CASE("listings of shares of an input's rows give the whole listing's bits, 
     std::vector<float> y(y_whole.size()), dw(dw_whole.size());
     REQUIRE(kernels::dense_forward_sparse_input(x.data(), w.data(), bias.data(), y.data(), batch, in, out,
                                                 activation::relu, 0.0f));
-    REQUIRE(kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out, false, true));
+    REQUIRE(kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out, false));
     CHECK(bitwise_equal(y, y_whole));
     CHECK(bitwise_equal(dw, dw_whole));
   }
@@ -290,16 +293,16 @@ TEST_CASE("Dense takes the sparse-input products in both modes, and the GEMM's v
   const auto w = normal_values(std::size_t(out * in), 42, 0.05f);
   const auto bias = normal_values(std::size_t(out), 43, 0.1f);
   const auto dy = normal_values(std::size_t(batch * out), 44);
-  const auto run = [&] {
+  const auto run = [&]<class Policy>() {
     std::vector<float> y(std::size_t(batch * out)), dw(std::size_t(out * in)), db(static_cast<std::size_t>(out));
-    dense_forward<policy::cpu>(x.data(), w.data(), bias.data(), y.data(), batch, in, out, activation::relu, 0.0f);
-    dense_backward<policy::cpu>(x.data(), w.data(), dy.data(), static_cast<float*>(nullptr), dw.data(), db.data(),
-                                batch, in, out, false);
+    dense_forward<Policy>(x.data(), w.data(), bias.data(), y.data(), batch, in, out, activation::relu, 0.0f);
+    dense_backward<Policy>(x.data(), w.data(), dy.data(), static_cast<float*>(nullptr), dw.data(), db.data(), batch,
+                           in, out, false);
     y.insert(y.end(), dw.begin(), dw.end());
     return y;
   };
   REQUIRE(cpu::sparse_input_products_enabled());
-  const auto sparse = run();
+  const auto sparse = run.template operator()<policy::cpu_sparse_input>();
   // The kernels' own results: Dense took them.
   std::vector<float> y(std::size_t(batch * out)), dw(std::size_t(out * in));
   REQUIRE(cpu::sparse_input_kernels::dense_forward_sparse_input(x.data(), w.data(), bias.data(), y.data(), batch, in,
@@ -308,8 +311,10 @@ TEST_CASE("Dense takes the sparse-input products in both modes, and the GEMM's v
                                                                          false));
   y.insert(y.end(), dw.begin(), dw.end());
   CHECK(bitwise_equal(sparse, y));
+  // policy::cpu takes the GEMM, as the switch turned off does.
+  const auto dense = run.template operator()<policy::cpu>();
   cpu::set_sparse_input_products(false);
-  const auto dense = run();
+  CHECK(bitwise_equal(run.template operator()<policy::cpu_sparse_input>(), dense));
   cpu::set_sparse_input_products(true);
   CHECK_FALSE(bitwise_equal(sparse, dense));  // another order of the sums
   double worst = 0;
@@ -318,17 +323,15 @@ TEST_CASE("Dense takes the sparse-input products in both modes, and the GEMM's v
   CHECK(worst < 1e-5);
 
   // A GELU, whose backward needs the pre-activation: the sparse product writes it, and the activation runs after.
-  const auto gelu = [&] {
+  const auto gelu = [&]<class Policy>() {
     std::vector<float> out_values(std::size_t(batch * out)), pre(out_values.size());
-    dense_forward<policy::cpu>(x.data(), w.data(), bias.data(), out_values.data(), batch, in, out, activation::gelu,
-                               0.0f, pre.data());
+    dense_forward<Policy>(x.data(), w.data(), bias.data(), out_values.data(), batch, in, out, activation::gelu, 0.0f,
+                          pre.data());
     out_values.insert(out_values.end(), pre.begin(), pre.end());
     return out_values;
   };
-  const auto gelu_sparse = gelu();
-  cpu::set_sparse_input_products(false);
-  const auto gelu_dense = gelu();
-  cpu::set_sparse_input_products(true);
+  const auto gelu_sparse = gelu.template operator()<policy::cpu_sparse_input>();
+  const auto gelu_dense = gelu.template operator()<policy::cpu>();
   worst = 0;
   for (std::size_t i = 0; i < gelu_dense.size(); ++i)
     worst = std::max(worst, std::fabs(double(gelu_sparse[i]) - double(gelu_dense[i])) /
@@ -341,7 +344,7 @@ TEST_CASE("static and dynamic mode train alike, bit for bit, on an input that ta
   if (!avx512()) return;
   thread_settings_guard guard;
   const index_t batch = 32;
-  using Net = Sequential<policy::cpu, Input<784>, Dense<64, ReLU>, Dense<10>>;
+  using Net = Sequential<policy::cpu_sparse_input, Input<784>, Dense<64, ReLU>, Dense<10>>;
   Net net(batch, 21);
   manual_seed(21);
   nn::Sequential model(nn::Linear(784, 64), nn::ReLU(), nn::Linear(64, 10));
@@ -378,7 +381,7 @@ TEST_CASE("the sparse-input products decline what they cannot take") {
                                                                      784, 16, activation::identity, 0.0f));
 }
 
-TEST_CASE("a weight gradient reuses its forward's listing only where the input is vouched unchanged") {
+TEST_CASE("a weight gradient lists its own input, whatever forward ran before it") {
   if (!avx512()) return;
   thread_settings_guard guard;
   using kernels = cpu::sparse_input_kernels;
@@ -388,49 +391,28 @@ TEST_CASE("a weight gradient reuses its forward's listing only where the input i
   const auto w = normal_values(std::size_t(out * in), 63, 0.1f);
   const auto dy = normal_values(std::size_t(batch * out), 64);
   std::vector<float> y(std::size_t(batch * out));
-  const auto gradient = [&](bool input_as_in_forward, const std::vector<float>& x) {
+  const auto gradient = [&](const std::vector<float>& x) {
     std::vector<float> dw(std::size_t(out * in));
-    REQUIRE(kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out, false,
-                                                        input_as_in_forward));
+    REQUIRE(kernels::dense_weight_gradient_sparse_input(x.data(), dy.data(), dw.data(), batch, in, out, false));
     return dw;
   };
   std::vector<float> buffer = first;
-  const auto of_first = gradient(false, buffer);
+  const auto of_first = gradient(buffer);
   buffer = second;
-  const auto of_second = gradient(false, buffer);
+  const auto of_second = gradient(buffer);
   REQUIRE_FALSE(bitwise_equal(of_first, of_second));
-  for (int threads : {1, 2}) {
-    CAPTURE(threads);
-    set_num_threads(threads);
-    // The forward lists the first input; the buffer is then overwritten in place. Vouched for, the backward takes the
-    // forward's listing (so the first input's gradient: the reuse is real); not vouched for, it lists the buffer anew.
-    buffer = first;
-    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
-                                                batch, in, out, activation::identity, 0.0f));
-    buffer = second;
-    CHECK(bitwise_equal(gradient(true, buffer), of_first));
-    CHECK(bitwise_equal(gradient(false, buffer), of_second));
-    // A forward on two threads, then one on one thread on new contents at the same address: the second thread's
-    // listing is the older call's, and the backward on two threads must not take it.
-    set_num_threads(2);
-    buffer = first;
-    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
-                                                batch, in, out, activation::identity, 0.0f));
-    set_num_threads(1);
-    buffer = second;
-    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
-                                                batch, in, out, activation::identity, 0.0f));
-    set_num_threads(2);
-    CHECK(bitwise_equal(gradient(true, buffer), of_second));
-    // Another forward in between (another input) leaves the first one's backward to list its input anew.
-    set_num_threads(threads);
-    buffer = first;
-    REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
-                                                batch, in, out, activation::identity, 0.0f));
-    std::vector<float> other = second;
-    REQUIRE(kernels::dense_forward_sparse_input(other.data(), w.data(), static_cast<const float*>(nullptr), y.data(),
-                                                batch, in, out, activation::identity, 0.0f));
-    buffer = second;
-    CHECK(bitwise_equal(gradient(true, buffer), of_second));
-  }
+  // A forward lists the first input, on one thread or two; the buffer is then overwritten in place, and the weight
+  // gradient, on either, is the second input's.
+  for (int forward_threads : {1, 2})
+    for (int backward_threads : {1, 2}) {
+      CAPTURE(forward_threads);
+      CAPTURE(backward_threads);
+      set_num_threads(forward_threads);
+      buffer = first;
+      REQUIRE(kernels::dense_forward_sparse_input(buffer.data(), w.data(), static_cast<const float*>(nullptr),
+                                                  y.data(), batch, in, out, activation::identity, 0.0f));
+      buffer = second;
+      set_num_threads(backward_threads);
+      CHECK(bitwise_equal(gradient(buffer), of_second));
+    }
 }

@@ -1,18 +1,12 @@
-// The split of parallel work by the threads' speeds (thread_balance.hpp): its arithmetic, how the shares learn from
-// finishing times, and that no split changes a result, bit for bit.
+// The split of parallel work by the threads' speeds (thread_balance.hpp, which the fused MLP step's trainer keeps): its
+// arithmetic and how the shares learn from finishing times. That the split changes no result: test_fused_mlp.cpp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
-#include <mutex>
-#include <utility>
 #include <vector>
 
-#include "kiln/kernels/cpu/gemm.hpp"
-#include "kiln/kernels/cpu/optim.hpp"
-#include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/thread_balance.hpp"
 #include "kiln/kiln.hpp"
 #include "thread_settings.hpp"
@@ -30,17 +24,6 @@ void record_run(thread_balance& balance, const thread_split& split, index_t unit
   clock.team = split.team;
   for (std::size_t i = 0; i < seconds.size(); ++i) clock.seconds[i] = seconds[i];
   balance.record(split, units, clock);
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-std::vector<float> random_values(std::size_t n, std::uint64_t seed, float scale) {
-  random_generator rng(seed);
-  std::vector<float> v(n);
-  for (auto& x : v) x = scale * rng.normal<float>();
-  return v;
 }
 
 }  // namespace
@@ -143,127 +126,3 @@ TEST_CASE("fixed shares replace the learned ones for their team size, and bad we
   CHECK_THROWS_AS(kernels::cpu::set_fixed_thread_shares(std::vector<double>(65, 1.0)), kiln::error);
   CHECK(balance.split(2).begin(8, 1) == 4);  // a refused call changes nothing
 }
-
-#if defined(_OPENMP)
-// The products of the MNIST MLP's step (its forward through the AMX or AVX-512 path, and its weight gradient) and
-// Adam's update of a flat buffer give the same bits on one thread and on two split 4:1, 1:4 or equally.
-TEST_CASE("no split of the work changes a product or an update") {
-  thread_settings_guard guard;
-  kernels::cpu::set_thread_balancing(true);
-  const index_t batch = 64, in = 784, hidden = 128;
-  const auto x = random_values(std::size_t(batch * in), 1, 1.0f);
-  const auto w = random_values(std::size_t(hidden * in), 2, 0.05f);
-  const auto bias = random_values(std::size_t(hidden), 3, 0.1f);
-  const auto dh = random_values(std::size_t(batch * hidden), 4, 0.01f);
-
-  auto forward = [&] {
-    std::vector<float> h(std::size_t(batch * hidden));
-    kernels::cpu::epilogue<float> ep{};
-    ep.bias = bias.data();
-    ep.act = activation::relu;
-    kernels::cpu::gemm(false, true, batch, hidden, in, 1.0f, x.data(), in, w.data(), in, 0.0f, h.data(), hidden, ep);
-    return h;
-  };
-  auto weight_gradient = [&] {
-    std::vector<float> dw(std::size_t(hidden * in));
-    kernels::cpu::gemm(true, false, hidden, in, batch, 1.0f, dh.data(), hidden, x.data(), in, 0.0f, dw.data(), in);
-    return dw;
-  };
-  auto adam = [&] {
-    std::vector<float> p = w, m(w.size(), 0.0f), v(w.size(), 0.0f);
-    const auto g = random_values(w.size(), 5, 0.01f);
-    const kernels::cpu::adam_step_args<float> args{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, true, false, 1};
-    for (int step = 0; step < 3; ++step)
-      kernels::cpu::optim_kernels::adam_update(p.data(), g.data(), m.data(), v.data(), static_cast<float*>(nullptr),
-                                               index_t(p.size()), args);
-    p.insert(p.end(), m.begin(), m.end());
-    p.insert(p.end(), v.begin(), v.end());
-    return p;
-  };
-
-  for (bool amx : {true, false}) {
-    CAPTURE(amx);
-    kernels::cpu::set_amx_gemm(amx);
-    set_num_threads(1);
-    const auto h1 = forward(), dw1 = weight_gradient(), p1 = adam();
-    set_num_threads(2);
-    for (const std::vector<double>& shares : {std::vector<double>{4, 1}, {1, 4}, {1, 1}}) {
-      CAPTURE(shares[0]);
-      kernels::cpu::set_fixed_thread_shares(shares);
-      CHECK(bitwise_equal(forward(), h1));
-      CHECK(bitwise_equal(weight_gradient(), dw1));
-      CHECK(bitwise_equal(adam(), p1));
-    }
-    kernels::cpu::set_fixed_thread_shares({});
-  }
-}
-
-// The losses of `steps` training steps of Net (batch 64, random inputs, labels 0-9) on `threads` threads with the
-// work split by `shares` (empty: learned), followed by the trained parameters.
-template <class Net>
-std::vector<float> train_losses(int threads, const std::vector<double>& shares, int steps) {
-  const index_t batch = 64;
-  const auto x = random_values(std::size_t(batch * Net::input_shape::size), 11, 1.0f);
-  std::vector<std::int64_t> y(static_cast<std::size_t>(batch));
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = std::int64_t((i * 7) % 10);
-  const tensor_view<const float> xv(x.data(), Net::input_shape::batch_shape(batch));
-  const tensor_view<const std::int64_t> yv(y.data(), shape{batch});
-  set_num_threads(threads);
-  kernels::cpu::set_fixed_thread_shares(shares);
-  Net net(batch, 3);
-  optim::Adam opt(optim::adam_options{.lr = 1e-3});
-  std::vector<float> losses;
-  for (int step = 0; step < steps; ++step) losses.push_back(net.train_step(xv, yv, loss::cross_entropy{}, opt));
-  losses.insert(losses.end(), net.parameter_values().begin(), net.parameter_values().end());
-  return losses;
-}
-
-// A static model trained on two threads, its work split unevenly, takes the one-thread run's steps exactly.
-TEST_CASE("a static model's losses are the same bits on one thread and on two split unevenly") {
-  thread_settings_guard guard;
-  kernels::cpu::set_thread_balancing(true);
-  using Net = Sequential<policy::cpu, Input<784>, Dense<128, ReLU>, Dense<10>>;
-  const auto one = train_losses<Net>(1, {}, 5);
-  CHECK(bitwise_equal(train_losses<Net>(2, {5, 1}, 5), one));
-  CHECK(bitwise_equal(train_losses<Net>(2, {1, 5}, 5), one));
-  CHECK(bitwise_equal(train_losses<Net>(2, {}, 5), one));
-}
-
-// The slices one call of parallel_row_slices handed out, in order of their first row.
-std::vector<std::pair<index_t, index_t>> row_slices(index_t rows, index_t min_rows) {
-  std::mutex mutex;
-  std::vector<std::pair<index_t, index_t>> slices;
-  kernels::cpu::parallel_row_slices(rows, min_rows, [&](index_t begin, index_t end) {
-    std::lock_guard lock(mutex);
-    slices.emplace_back(begin, end);
-  });
-  std::sort(slices.begin(), slices.end());
-  return slices;
-}
-
-TEST_CASE("row slices follow the shares while every slice keeps its minimum rows") {
-  thread_settings_guard guard;
-  kernels::cpu::set_thread_balancing(true);
-  set_num_threads(2);
-  kernels::cpu::set_fixed_thread_shares({3, 1});
-  using slices = std::vector<std::pair<index_t, index_t>>;
-  CHECK(row_slices(64, 8) == slices{{0, 48}, {48, 64}});
-  CHECK(row_slices(64, 16) == slices{{0, 48}, {48, 64}});
-  // 16 rows for the slow thread is under 17: both take half, as with balancing off.
-  CHECK(row_slices(64, 17) == slices{{0, 32}, {32, 64}});
-  CHECK(row_slices(64, 33) == slices{{0, 64}});  // too few rows for two slices: one thread
-  kernels::cpu::set_thread_balancing(false);
-  CHECK(row_slices(64, 8) == slices{{0, 32}, {32, 64}});
-}
-
-// A static LSTM's batch rows run in slices (policy::cpu::for_batch_slices): split 2:1 or 1:2 they take the one-thread
-// run's steps exactly.
-TEST_CASE("a static LSTM's losses are the same bits on one thread and on two split unevenly") {
-  thread_settings_guard guard;
-  kernels::cpu::set_thread_balancing(true);
-  using Net = Sequential<policy::cpu, Input<28, 28>, FinalState<LSTM<128>>, Dense<10>>;
-  const auto one = train_losses<Net>(1, {}, 3);
-  CHECK(bitwise_equal(train_losses<Net>(2, {2, 1}, 3), one));
-  CHECK(bitwise_equal(train_losses<Net>(2, {1, 2}, 3), one));
-}
-#endif

@@ -8,6 +8,9 @@ range of PyTorch's default init (Kaiming-uniform a=sqrt(5)); only the random str
 mnist_cnn, lstm and resnet (init_tensors) fill each parameter tensor the same way, in PyTorch's layout and
 parameters() order, with PyTorch's default ranges: U(+-1/sqrt(fan_in)) for Conv2d (fan_in = in_channels * k * k) and
 Linear, U(+-1/sqrt(hidden)) for every LSTM tensor; a BatchNorm's weight is 1 and its bias 0, as PyTorch's.
+transformer's tensors follow PyTorch's initialisation too (transformer_param_shapes): N(0, 1) for the token embedding,
+N(0, 0.02) for the position table, Xavier-uniform for the attention's input projection, zeros for its biases, ones
+and zeros for a LayerNorm.
 """
 import argparse
 import gzip
@@ -24,13 +27,18 @@ S_TINY_X = 5
 S_SHUFFLE = 6
 S_LAYER0 = 100  # layer k: weight stream 100 + 2k, bias stream 101 + 2k (mnist_cnn, lstm: tensor k: 100 + k); + offset
 WORKLOAD_OFFSET = {"seed_regression": 0, "mnist_mlp": 10, "wide_mlp": 20, "tiny_op": 30, "mnist_cnn": 40, "lstm": 50,
-                   "resnet": 60}
+                   "resnet": 60, "transformer": 70}
 
-WORKLOADS = ["seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm", "resnet"]
+WORKLOADS = ["seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm", "resnet", "transformer"]
 # mnist_cnn, lstm and resnet train, as bench/ladder does, on the first BATCHES[w] batches of 64 of one seeded epoch,
-# cycling.
-BATCHES = {"mnist_cnn": 32, "lstm": 64, "resnet": 32}
+# cycling; transformer on the first BATCHES[w] batches of TEXT_BATCH windows of the training text, in order, cycling.
+BATCHES = {"mnist_cnn": 32, "lstm": 64, "resnet": 32, "transformer": 8}
 BATCH_SIZE = 64
+# transformer: examples/tiny_gpt's model (byte tokens, a learned position table, pre-norm causal encoder layers with
+# GELU and no dropout, a final LayerNorm, a Linear head), its batches TEXT_BATCH windows of CONTEXT bytes, AdamW.
+VOCAB, CONTEXT, WIDTH, HEADS, FEEDFORWARD, LAYERS = 256, 128, 128, 4, 512, 4
+TEXT_BATCH = 32
+ADAMW_LR, ADAMW_WEIGHT_DECAY = 2e-3, 0.01
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # the normalisation of bench/ladder's MNIST workloads
 FASHION_MEAN, FASHION_STD = 0.2860, 0.3530  # and of its Fashion-MNIST workload (resnet)
 # resnet's residual blocks after the stem: (channels, stride), two a stage; a block that changes the shape has a
@@ -162,8 +170,27 @@ def resnet_param_shapes():
     return shapes + [((10, 64), 1.0 / np.sqrt(64)), ((10,), 1.0 / np.sqrt(64))]
 
 
+def transformer_param_shapes():
+    """transformer: [(shape, bound)] per parameter tensor in the parameters() order of torch_bench.TinyGPT, a bound
+    ("normal", std) for a normal distribution: the token embedding [256, 128] N(0, 1) and the position table [128, 128]
+    N(0, 0.02); per layer (nn.TransformerEncoderLayer's order) the attention's in_proj_weight [384, 128] Xavier-uniform
+    (U(+-sqrt(6 / (128 + 384)))) and in_proj_bias zeros, out_proj U(+-1/sqrt(128)) and its bias zeros, linear1 and
+    linear2 U(+-1/sqrt(fan_in)) (weight and bias), norm1 and norm2 ones and zeros; the final LayerNorm; the head
+    Linear(128, 256)."""
+    d, f = WIDTH, FEEDFORWARD
+    shapes = [((VOCAB, d), ("normal", 1.0)), ((CONTEXT, d), ("normal", 0.02))]
+    for _ in range(LAYERS):
+        shapes += [((3 * d, d), np.sqrt(6.0 / (d + 3 * d))), ((3 * d,), "zeros"),
+                   ((d, d), 1.0 / np.sqrt(d)), ((d,), "zeros"),
+                   ((f, d), 1.0 / np.sqrt(d)), ((f,), 1.0 / np.sqrt(d)),
+                   ((d, f), 1.0 / np.sqrt(f)), ((d,), 1.0 / np.sqrt(f)),
+                   ((d,), "ones"), ((d,), "zeros"), ((d,), "ones"), ((d,), "zeros")]
+    return shapes + [((d,), "ones"), ((d,), "zeros"), ((VOCAB, d), 1.0 / np.sqrt(d)), ((VOCAB,), 1.0 / np.sqrt(d))]
+
+
 def param_shapes(workload):
-    """mnist_cnn / lstm / resnet: [(shape, bound)] per parameter tensor, in PyTorch's layout and parameters() order."""
+    """mnist_cnn / lstm / resnet / transformer: [(shape, bound)] per parameter tensor, in PyTorch's layout and
+    parameters() order."""
     if workload == "mnist_cnn":  # Conv2d(1,32,3) Conv2d(32,64,3) Linear(9216,128) Linear(128,10), weight then bias
         layers = [((32, 1, 3, 3), 9), ((64, 32, 3, 3), 32 * 9), ((128, 9216), 9216), ((10, 128), 128)]
         return [t for shape, fan_in in layers
@@ -173,16 +200,22 @@ def param_shapes(workload):
         return [((512, 28), b), ((512, 128), b), ((512,), b), ((512,), b), ((10, 128), b), ((10,), b)]
     if workload == "resnet":
         return resnet_param_shapes()
+    if workload == "transformer":
+        return transformer_param_shapes()
     raise ValueError(workload)
 
 
 def init_tensors(workload):
-    """mnist_cnn / lstm / resnet initial parameters: tensor k is U(+-bound) from stream S_LAYER0 + offset + k, or
-    all ones or zeros (a BatchNorm's)."""
+    """mnist_cnn / lstm / resnet / transformer initial parameters: tensor k is U(+-bound) or N(0, std) (Box-Muller,
+    `normal`) from stream S_LAYER0 + offset + k, or all ones or zeros (a BatchNorm's or a LayerNorm's)."""
     out = []
     for k, (shape, bound) in enumerate(param_shapes(workload)):
         if isinstance(bound, str):
             out.append((np.ones if bound == "ones" else np.zeros)(shape, np.float32))
+            continue
+        if isinstance(bound, tuple):
+            out.append((normal(S_LAYER0 + WORKLOAD_OFFSET[workload] + k, shape) * np.float32(bound[1]))
+                       .astype(np.float32))
             continue
         u = uniform(S_LAYER0 + WORKLOAD_OFFSET[workload] + k, int(np.prod(shape)))
         out.append(((2.0 * u - 1.0) * bound).astype(np.float32).reshape(shape))
@@ -251,6 +284,70 @@ def load_mnist(explicit=None, subdir="mnist"):
     return images, labels
 
 
+# ---------------------------------------------------------------- text
+def find_text(explicit=None):
+    """The text corpus folder (a candidate's text/ subfolder), in the places find_data looks."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cands = ([explicit] if explicit else []) + ([os.environ["KILN_DATA"]] if os.environ.get("KILN_DATA") else [])
+    cands += ["./data", "../shared/data", "/work/shared/data",
+              os.path.join(here, "..", "..", "data"), os.path.join(here, "..", "..", "..", "shared", "data")]
+    for c in cands:
+        if os.path.isdir(os.path.join(c, "text")):
+            return os.path.join(c, "text")
+    raise SystemExit("text corpus not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data, "
+                     "each with a text/ subfolder)")
+
+
+def validation_cut(text, fraction=0.1):
+    """Where a file's held-out part begins, as kiln::data::validation_cut: the first entry start (the byte after a
+    line "%") at or after the fraction's byte, else the last one before it, else the fraction's byte."""
+    n = len(text)
+    at = min(n, int(n * (1.0 - fraction)))
+
+    def entry_starts_at(i):
+        if i >= 3:
+            return text[i - 3:i] == b"\n%\n"
+        return i == 2 and text[:2] == b"%\n"
+    for i in range(at, n):
+        if entry_starts_at(i):
+            return i
+    for i in range(at - 1, 1, -1):
+        if entry_starts_at(i):
+            return i
+    return at
+
+
+def load_text(explicit=None):
+    """The training text as kiln::data::load_text_corpus gives it: every regular, non-hidden file of the corpus
+    folder in name order (gzip read through), each up to its validation cut, joined. uint8 array."""
+    d = find_text(explicit)
+    parts = []
+    for name in sorted(os.listdir(d)):
+        path = os.path.join(d, name)
+        if name.startswith(".") or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        parts.append(raw[:validation_cut(raw)])
+    return np.frombuffer(b"".join(parts), np.uint8)
+
+
+def text_batches(explicit=None, nb=None):
+    """transformer's data: the first nb * TEXT_BATCH windows of CONTEXT tokens of the training text, side by side (as
+    kiln::data::text_windows with stride = context), in order: ids int64 [nb * TEXT_BATCH, CONTEXT] and the next
+    tokens, the targets, of the same shape. Batch b is rows [b * TEXT_BATCH, (b + 1) * TEXT_BATCH)."""
+    nb = nb or BATCHES["transformer"]
+    tokens = load_text(explicit).astype(np.int64)
+    n = nb * TEXT_BATCH
+    if len(tokens) < n * CONTEXT + 1:
+        raise SystemExit("text corpus: %d training bytes, fewer than the %d needed" % (len(tokens), n * CONTEXT + 1))
+    x = tokens[:n * CONTEXT].reshape(n, CONTEXT)
+    y = tokens[1:n * CONTEXT + 1].reshape(n, CONTEXT)
+    return x, y
+
+
 # ---------------------------------------------------------------- output
 def result(system, version, workload, threads, times_us=None, data_us=-1.0, final_loss=float("nan"),
            status="ok", reason=None, decimals=2):
@@ -279,21 +376,23 @@ def reason_of(e):
 
 
 def default_steps(workload, quick):
-    """Timed steps per repetition; mnist_cnn, lstm and resnet as bench/ladder times them."""
+    """Timed steps per repetition; mnist_cnn, lstm, resnet and transformer as bench/ladder times them."""
     return {"seed_regression": 200, "wide_mlp": 10 if quick else 20, "tiny_op": 2000 if quick else 10000,
-            "mnist_cnn": 3 if quick else 10, "lstm": 10 if quick else 40, "resnet": 3 if quick else 10}.get(workload, 0)
+            "mnist_cnn": 3 if quick else 10, "lstm": 10 if quick else 40, "resnet": 3 if quick else 10,
+            "transformer": 3 if quick else 10}.get(workload, 0)
 
 
 def warmup_steps(steps):
-    """Untimed steps before the repetitions of mnist_cnn, lstm and resnet: min(steps, 20), as bench/ladder."""
+    """Untimed steps before the repetitions of mnist_cnn, lstm, resnet and transformer: min(steps, 20), as
+    bench/ladder."""
     return min(steps, 20)
 
 
 class CycledTiming:
-    """mnist_cnn / lstm / resnet timing, as bench/ladder times them: step(x, y) on batch(0) (the first step, compilation
-    included, reported apart as `first`), warmup_steps untimed steps, then `reps` repetitions of `steps` steps over
-    batches 0..nb-1 cycled. `times` holds each repetition's mean step time and `data_us` each batch's assembly time
-    (timed apart), both in microseconds; `last` the last step's return value."""
+    """mnist_cnn / lstm / resnet / transformer timing, as bench/ladder times them: step(x, y) on batch(0) (the first
+    step, compilation included, reported apart as `first`), warmup_steps untimed steps, then `reps` repetitions of
+    `steps` steps over batches 0..nb-1 cycled. `times` holds each repetition's mean step time and `data_us` each
+    batch's assembly time (timed apart), both in microseconds; `last` the last step's return value."""
 
     def __init__(self, step, batch, nb, steps, reps):
         import time

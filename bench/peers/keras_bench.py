@@ -105,15 +105,76 @@ def build_resnet(t):
     return model
 
 
+class PositionTable(keras.layers.Layer):
+    """A learned position table [CONTEXT, WIDTH] added to every sequence (torch_bench.Positions)."""
+
+    def build(self, input_shape):
+        self.table = self.add_weight(shape=(C.CONTEXT, C.WIDTH), initializer="zeros", name="table")
+
+    def call(self, x):
+        return x + self.table
+
+
+def gelu(x):
+    """PyTorch's "gelu", the exact one (Keras' gelu defaults to the tanh approximation)."""
+    return keras.activations.gelu(x, approximate=False)
+
+
+def build_transformer(t):
+    """transformer (torch_bench.TinyGPT) carrying common.init_tensors' weights: Embedding and PositionTable, then per
+    layer x + MultiHeadAttention(4 heads of 32, use_causal_mask)(LayerNormalization(x)) and
+    x + Dense(128)(Dense(512, exact GELU)(LayerNormalization(x))), a final LayerNormalization and Dense(256); every
+    LayerNormalization with PyTorch's epsilon 1e-5. PyTorch's packed in_proj_weight [384, 128] gives the query, key
+    and value kernels [128, heads, 32] (rows 0-127, 128-255, 256-383, transposed), its out_proj [128, 128] the output
+    kernel [heads, 32, 128]."""
+    L = keras.layers
+    d, heads = C.WIDTH, C.HEADS
+    hd = d // heads
+    params = iter(t)
+    ids = keras.Input((C.CONTEXT,), dtype="int32")
+    tokens, positions = L.Embedding(C.VOCAB, d), PositionTable()
+    x = positions(tokens(ids))
+    blocks = []
+    for _ in range(C.LAYERS):
+        norm1, attention = L.LayerNormalization(epsilon=1e-5), L.MultiHeadAttention(heads, hd)
+        norm2 = L.LayerNormalization(epsilon=1e-5)
+        linear1, linear2 = L.Dense(C.FEEDFORWARD, activation=gelu), L.Dense(d)
+        h = norm1(x)
+        x = L.Add()([x, attention(h, h, use_causal_mask=True)])
+        x = L.Add()([x, linear2(linear1(norm2(x)))])
+        blocks.append((attention, linear1, linear2, norm1, norm2))
+    norm, head = L.LayerNormalization(epsilon=1e-5), L.Dense(C.VOCAB)
+    model = keras.Model(ids, head(norm(x)))
+    tokens.set_weights([next(params)])
+    positions.set_weights([next(params)])
+    for attention, linear1, linear2, norm1, norm2 in blocks:
+        w_in, b_in, w_out, b_out = (next(params) for _ in range(4))
+        for k, dense in enumerate((attention._query_dense, attention._key_dense, attention._value_dense)):
+            rows = slice(k * d, (k + 1) * d)
+            dense.set_weights([w_in[rows].T.reshape(d, heads, hd), b_in[rows].reshape(heads, hd)])
+        attention._output_dense.set_weights([w_out.T.reshape(heads, hd, d), b_out])
+        for layer in (linear1, linear2):
+            w, b = next(params), next(params)
+            layer.set_weights([w.T, b])
+        for layer in (norm1, norm2):
+            layer.set_weights([next(params), next(params)])
+    norm.set_weights([next(params), next(params)])
+    w, b = next(params), next(params)
+    head.set_weights([w.T, b])
+    return model
+
+
 def build_net(workload):
-    """mnist_cnn / lstm / resnet carrying common.init_tensors' weights (PyTorch's layouts and default ranges),
-    converted. mnist_cnn and resnet are channels_last, Keras' natural layout (input 28x28x1), so mnist_cnn's first
-    Dense takes the flattened (h, w, c) features where PyTorch's takes (c, h, w): its rows are permuted to give the
-    same function."""
+    """mnist_cnn / lstm / resnet / transformer carrying common.init_tensors' weights (PyTorch's layouts and default
+    ranges), converted. mnist_cnn and resnet are channels_last, Keras' natural layout (input 28x28x1), so mnist_cnn's
+    first Dense takes the flattened (h, w, c) features where PyTorch's takes (c, h, w): its rows are permuted to give
+    the same function."""
     t = C.init_tensors(workload)
     L = keras.layers
     if workload == "resnet":
         return build_resnet(t)
+    if workload == "transformer":
+        return build_transformer(t)
     if workload == "mnist_cnn":
         model = keras.Sequential([keras.Input((28, 28, 1)), L.Conv2D(32, 3, activation="relu"),
                                   L.Conv2D(64, 3, activation="relu"), L.MaxPooling2D(2), L.Flatten(),
@@ -136,11 +197,26 @@ def build_net(workload):
 
 def net_data(workload):
     """The training set (Fashion-MNIST's for resnet) normalised as bench/ladder's and shaped for the workload (NHWC
-    for mnist_cnn and resnet), labels, and the seeded epoch order."""
+    for mnist_cnn and resnet), labels, and the seeded epoch order; for transformer the text windows and their
+    next-token targets (int32, JAX's integers) in their order."""
+    if workload == "transformer":
+        x, y = C.text_batches(args.data)
+        return x.astype(np.int32), y.astype(np.int32), np.arange(len(x))
     subdir, mean, std = C.dataset_of(workload)
     images, labels = C.load_mnist(args.data, subdir)
     shape = (28, 28) if workload == "lstm" else (28, 28, 1)
     return C.normalise_mnist(images, mean, std).reshape((-1,) + shape), labels, C.permutation(len(labels))
+
+
+def batch_size(workload):
+    return C.TEXT_BATCH if workload == "transformer" else C.BATCH_SIZE
+
+
+def optimizer_for(workload):
+    """Adam(1e-3) with PyTorch's epsilon; AdamW(2e-3, weight decay 0.01) for transformer."""
+    if workload == "transformer":
+        return keras.optimizers.AdamW(C.ADAMW_LR, weight_decay=C.ADAMW_WEIGHT_DECAY, epsilon=1e-8)
+    return keras.optimizers.Adam(1e-3, epsilon=1e-8)
 
 
 def loss_for(workload):
@@ -214,13 +290,13 @@ def fit_mnist():
 
 
 def fit_batches(workload):
-    """mnist_cnn / lstm / resnet: one model.fit over the warm-up steps and then every repetition's `steps` steps (the
+    """mnist_cnn / lstm / resnet / transformer: one model.fit over the warm-up steps and then every repetition's `steps` steps (the
     ladder's batches: the first BATCHES[workload] of the seeded epoch, cycled), so fit's own setup and compilation
     fall on the first step only. A step is the interval between batch ends (data pipeline included, data_us=-1;
     the callback makes fit wait for each batch's loss); a repetition's time is the mean over its steps."""
     t0 = now()
     X, Y, perm = net_data(workload)
-    nb, bs = C.BATCHES[workload], C.BATCH_SIZE
+    nb, bs = C.BATCHES[workload], batch_size(workload)
     steps = args.steps or C.default_steps(workload, args.quick)
     warmup = C.warmup_steps(steps)
     order = [i % nb for i in range(warmup)] + [i % nb for _ in range(args.reps) for i in range(steps)]
@@ -228,7 +304,7 @@ def fit_batches(workload):
     Xs, Ys = X[idx], Y[idx]
     info("keras_fit", workload, preload_s="%.3f" % (now() - t0))
     model = build_net(workload)
-    model.compile(optimizer=keras.optimizers.Adam(1e-3, epsilon=1e-8), loss=loss_for(workload))
+    model.compile(optimizer=optimizer_for(workload), loss=loss_for(workload))
     cb = BatchTimes()
     t0 = now()
     h = model.fit(Xs, Ys, batch_size=bs, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
@@ -344,14 +420,14 @@ def loop_mnist():
 
 
 def loop_batches(workload):
-    """mnist_cnn / lstm / resnet: the jitted step over the ladder's batches (numpy fancy-index batch, timed apart, and a
+    """mnist_cnn / lstm / resnet / transformer: the jitted step over the ladder's batches (numpy fancy-index batch, timed apart, and a
     per-step block_until_ready as in loop_mnist); warm-up, then repetitions of `steps` steps."""
     t0 = now()
     X, Y, perm = net_data(workload)
     info("keras_loop", workload, preload_s="%.3f" % (now() - t0))
-    nb, bs = C.BATCHES[workload], C.BATCH_SIZE
+    nb, bs = C.BATCHES[workload], batch_size(workload)
     model = build_net(workload)
-    step, _ = make_step(model, loss_for(workload), keras.optimizers.Adam(1e-3, epsilon=1e-8))
+    step, _ = make_step(model, loss_for(workload), optimizer_for(workload))
 
     def batch(b):
         idx = perm[b * bs:(b + 1) * bs]

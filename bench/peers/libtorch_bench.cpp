@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -42,7 +43,7 @@ torch::Tensor normal(uint64_t stream, int64_t rows, int64_t cols) {
 
 int workload_offset(const std::string& w) {
   return w == "seed_regression" ? 0 : w == "mnist_mlp" ? 10 : w == "wide_mlp" ? 20 : w == "tiny_op" ? 30
-         : w == "mnist_cnn" ? 40 : w == "lstm" ? 50 : 60;
+         : w == "mnist_cnn" ? 40 : w == "lstm" ? 50 : w == "resnet" ? 60 : 70;
 }
 
 std::vector<int64_t> layer_sizes(const std::string& w) {
@@ -165,6 +166,111 @@ struct LstmNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(LstmNet);
 
+// transformer (torch_bench.TinyGPT, examples/tiny_gpt's model): sizes as common.py's.
+constexpr int64_t VOCAB = 256, CONTEXT = 128, WIDTH = 128, HEADS = 4, FEEDFORWARD = 512, LAYERS = 4, TEXT_BATCH = 32,
+                  TEXT_BATCHES = 8;
+
+// One pre-norm encoder layer, PyTorch's nn.TransformerEncoderLayer(norm_first=True, activation="gelu", dropout=0):
+// x = x + self_attn(norm1(x)); x = x + linear2(gelu(linear1(norm2(x)))). LibTorch 1.13's TransformerEncoderLayer has
+// no norm_first, so the block is written from its modules, with PyTorch's names. Sequence first ([L, N, d]), as
+// LibTorch 1.13's MultiheadAttention takes its input.
+struct PreNormLayerImpl : torch::nn::Module {
+  torch::nn::MultiheadAttention self_attn{nullptr};
+  torch::nn::Linear linear1{nullptr}, linear2{nullptr};
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  PreNormLayerImpl() {
+    namespace nn = torch::nn;
+    self_attn = register_module("self_attn", nn::MultiheadAttention(nn::MultiheadAttentionOptions(WIDTH, HEADS)));
+    linear1 = register_module("linear1", nn::Linear(WIDTH, FEEDFORWARD));
+    linear2 = register_module("linear2", nn::Linear(FEEDFORWARD, WIDTH));
+    norm1 = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({WIDTH}).eps(1e-5)));
+    norm2 = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({WIDTH}).eps(1e-5)));
+  }
+  // mask: [L, L], -inf above the diagonal (the causal mask), added to the attention's scores.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask) {
+    auto h = norm1->forward(x);
+    auto y = x + std::get<0>(self_attn->forward(h, h, h, {}, /*need_weights=*/false, mask));
+    return y + linear2->forward(torch::gelu(linear1->forward(norm2->forward(y))));
+  }
+  // The parameters in nn.TransformerEncoderLayer's parameters() order.
+  std::vector<torch::Tensor> ordered() const {
+    return {self_attn->in_proj_weight, self_attn->in_proj_bias, self_attn->out_proj->weight,
+            self_attn->out_proj->bias, linear1->weight, linear1->bias, linear2->weight, linear2->bias,
+            norm1->weight, norm1->bias, norm2->weight, norm2->bias};
+  }
+};
+TORCH_MODULE(PreNormLayer);
+
+// ids [N, L] -> Embedding(256, 128) + a learned position table [128, 128] -> 4 PreNormLayers under the causal mask ->
+// LayerNorm -> Linear(128, 256): next-token logits [L, N, 256] (sequence first; the loss averages over every position,
+// so the order does not matter to it). Initial weights as common.transformer_param_shapes: tensor k of ordered() from
+// stream S_LAYER0 + 70 + k.
+struct TinyGptImpl : torch::nn::Module {
+  torch::nn::Embedding tokens{nullptr};
+  torch::Tensor positions, mask;
+  std::vector<PreNormLayer> layers;
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear head{nullptr};
+  TinyGptImpl() {
+    namespace nn = torch::nn;
+    tokens = register_module("tokens", nn::Embedding(VOCAB, WIDTH));
+    positions = register_parameter("positions", torch::zeros({CONTEXT, WIDTH}));
+    for (int64_t i = 0; i < LAYERS; ++i) layers.push_back(register_module("layer" + std::to_string(i), PreNormLayer()));
+    norm = register_module("norm", nn::LayerNorm(nn::LayerNormOptions({WIDTH}).eps(1e-5)));
+    head = register_module("head", nn::Linear(WIDTH, VOCAB));
+    mask = register_buffer("mask", torch::full({CONTEXT, CONTEXT}, -INFINITY).triu(1));
+    init();
+  }
+  torch::Tensor forward(const torch::Tensor& ids) {
+    const int64_t L = ids.size(1);
+    auto x = tokens->forward(ids.t()) + positions.slice(0, 0, L).unsqueeze(1);
+    auto m = mask.slice(0, 0, L).slice(1, 0, L);
+    for (auto& layer : layers) x = layer->forward(x, m);
+    return head->forward(norm->forward(x));
+  }
+  // Every parameter, in torch_bench.TinyGPT's parameters() order.
+  std::vector<torch::Tensor> ordered() const {
+    std::vector<torch::Tensor> p = {tokens->weight, positions};
+    for (const auto& layer : layers) {
+      auto q = layer->ordered();
+      p.insert(p.end(), q.begin(), q.end());
+    }
+    p.insert(p.end(), {norm->weight, norm->bias, head->weight, head->bias});
+    return p;
+  }
+  // common.transformer_param_shapes' distributions: N(0, 1) and N(0, 0.02) for the two tables (common.normal: float
+  // Box-Muller values times the deviation in float), U(+-bound) for the others, or ones and zeros.
+  void init() {
+    torch::NoGradGuard ng;
+    const double d = double(WIDTH), f = double(FEEDFORWARD);
+    // 0: uniform(bound), 1: normal(bound), 2: ones, 3: zeros
+    std::vector<std::pair<int, double>> spec = {{1, 1.0}, {1, 0.02}};
+    for (int64_t i = 0; i < LAYERS; ++i)
+      spec.insert(spec.end(), {{0, std::sqrt(6.0 / (d + 3 * d))}, {3, 0}, {0, 1 / std::sqrt(d)}, {3, 0},
+                               {0, 1 / std::sqrt(d)}, {0, 1 / std::sqrt(d)}, {0, 1 / std::sqrt(f)},
+                               {0, 1 / std::sqrt(f)}, {2, 0}, {3, 0}, {2, 0}, {3, 0}});
+    spec.insert(spec.end(), {{2, 0}, {3, 0}, {0, 1 / std::sqrt(d)}, {0, 1 / std::sqrt(d)}});
+    const auto params = ordered();
+    for (size_t k = 0; k < params.size(); ++k) {
+      const uint64_t s = S_LAYER0 + workload_offset("transformer") + k;
+      float* p = params[k].data_ptr<float>();
+      const auto [kind, bound] = spec[k];
+      for (int64_t i = 0; i < params[k].numel(); ++i) {
+        const auto u = uint64_t(i);
+        if (kind == 0) {
+          p[i] = float((2.0 * uniform(s, u) - 1.0) * bound);
+        } else if (kind == 1) {
+          const double u1 = uniform(s, 2 * u), u2 = uniform(s, 2 * u + 1);
+          p[i] = float(std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(2.0 * M_PI * u2)) * float(bound);
+        } else {
+          p[i] = kind == 2 ? 1.0f : 0.0f;
+        }
+      }
+    }
+  }
+};
+TORCH_MODULE(TinyGpt);
+
 std::vector<int64_t> permutation(int64_t n) {
   std::vector<uint64_t> key(n);
   for (int64_t i = 0; i < n; ++i) key[i] = splitmix(S_SHUFFLE, i);
@@ -241,6 +347,7 @@ int default_steps(const std::string& w) {
   if (w == "wide_mlp") return A.quick ? 10 : 20;
   if (w == "mnist_cnn" || w == "resnet") return A.quick ? 3 : 10;
   if (w == "lstm") return A.quick ? 10 : 40;
+  if (w == "transformer") return A.quick ? 3 : 10;
   return A.quick ? 2000 : 10000;
 }
 
@@ -320,31 +427,12 @@ void run_mnist() {
   result("mnist_mlp", st, median(dt), loss.item<float>());
 }
 
-// mnist_cnn, lstm and resnet as bench/ladder times them: the first nb batches of 64 of the seeded epoch, cycled,
-// normalised with the data set's mean and deviation (MNIST's; Fashion-MNIST's for resnet); min(steps, 20) warm-up
-// steps, then reps of `steps` steps. step_us is the median over repetitions of the mean step time; each batch's
-// index_select is timed apart (data_us, median per step).
-template <class Model>
-void run_batches(const std::string& wl, Model model, std::vector<int64_t> sample_shape) {
-  const bool fashion = wl == "resnet";
-  auto data = load_mnist(fashion ? "fashion-mnist" : "mnist");
-  sample_shape.insert(sample_shape.begin(), data.n);
-  auto X = fashion ? data.X.sub_(0.2860).div_(0.3530).view(sample_shape)
-                   : data.X.sub_(0.1307).div_(0.3081).view(sample_shape);
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
-  const int64_t bs = 64, nb = wl == "lstm" ? 64 : 32;
-  torch::Tensor xb, yb, loss;
-  auto batch = [&](int64_t b) {
-    auto idx = data.perm.slice(0, b * bs, (b + 1) * bs);
-    xb = X.index_select(0, idx);
-    yb = data.Y.index_select(0, idx);
-  };
-  auto step = [&] {
-    opt.zero_grad();
-    loss = torch::nn::functional::cross_entropy(model->forward(xb), yb);
-    loss.backward();
-    opt.step();
-  };
+// Times a workload as bench/ladder times mnist_cnn, lstm, resnet and transformer: batch(b) makes batch b the current
+// one, step() trains on it; min(steps, 20) warm-up steps over batches 0, 1, ... cycled through nb, then reps of `steps`
+// steps from batch 0. step_us is the median over repetitions of the mean step time; batch() is timed apart (data_us,
+// median per step).
+void time_cycled(const std::string& wl, int64_t nb, const std::function<void(int64_t)>& batch,
+                 const std::function<void()>& step, const torch::Tensor& loss) {
   const int steps = A.steps > 0 ? A.steps : default_steps(wl), warmup = std::min(steps, 20);
   for (int i = 0; i < warmup; ++i) {
     batch(i % nb);
@@ -367,6 +455,105 @@ void run_batches(const std::string& wl, Model model, std::vector<int64_t> sample
               "mean_data_us=%.1f\n", version().c_str(), wl.c_str(), A.threads, warmup, steps, A.reps, (long long)nb,
               std::accumulate(dt.begin(), dt.end(), 0.0) / double(dt.size()));
   result(wl, t, median(dt), loss.item<float>());
+}
+
+// mnist_cnn, lstm and resnet: the first nb batches of 64 of the seeded epoch, cycled, normalised with the data set's
+// mean and deviation (MNIST's; Fashion-MNIST's for resnet); each batch an index_select of the preloaded set.
+template <class Model>
+void run_batches(const std::string& wl, Model model, std::vector<int64_t> sample_shape) {
+  const bool fashion = wl == "resnet";
+  auto data = load_mnist(fashion ? "fashion-mnist" : "mnist");
+  sample_shape.insert(sample_shape.begin(), data.n);
+  auto X = fashion ? data.X.sub_(0.2860).div_(0.3530).view(sample_shape)
+                   : data.X.sub_(0.1307).div_(0.3081).view(sample_shape);
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  const int64_t bs = 64, nb = wl == "lstm" ? 64 : 32;
+  torch::Tensor xb, yb, loss;
+  auto batch = [&](int64_t b) {
+    auto idx = data.perm.slice(0, b * bs, (b + 1) * bs);
+    xb = X.index_select(0, idx);
+    yb = data.Y.index_select(0, idx);
+  };
+  auto step = [&] {
+    opt.zero_grad();
+    loss = torch::nn::functional::cross_entropy(model->forward(xb), yb);
+    loss.backward();
+    opt.step();
+  };
+  time_cycled(wl, nb, batch, step, loss);
+}
+
+// ---------------------------------------------------------------- text (common.load_text, common.text_batches)
+std::string find_text(const std::string& explicit_dir) {
+  std::vector<std::string> c;
+  if (!explicit_dir.empty()) c.push_back(explicit_dir);
+  if (const char* e = std::getenv("KILN_DATA")) c.push_back(e);
+  for (const char* d : {"./data", "../shared/data", "/work/shared/data"}) c.push_back(d);
+  for (auto& d : c)
+    if (std::filesystem::is_directory(d + "/text")) return d + "/text";
+  std::fprintf(stderr, "text corpus not found (tried --data, $KILN_DATA, ./data, ../shared/data, /work/shared/data, "
+               "each with a text/ subfolder)\n");
+  std::exit(2);
+}
+
+// Where a file's held-out tenth begins, as kiln::data::validation_cut: the first entry start (the byte after a line
+// "%") at or after the fraction's byte, else the last one before it, else the fraction's byte.
+size_t validation_cut(const std::vector<uint8_t>& t, double fraction = 0.1) {
+  const size_t n = t.size(), at = std::min(n, size_t(double(n) * (1.0 - fraction)));
+  auto entry_starts_at = [&](size_t i) {
+    if (i >= 3) return t[i - 3] == '\n' && t[i - 2] == '%' && t[i - 1] == '\n';
+    return i == 2 && t[0] == '%' && t[1] == '\n';
+  };
+  for (size_t i = at; i < n; ++i)
+    if (entry_starts_at(i)) return i;
+  for (size_t i = at; i-- > 2;)
+    if (entry_starts_at(i)) return i;
+  return at;
+}
+
+// The training text as kiln::data::load_text_corpus gives it: every regular, non-hidden file of the corpus folder in
+// name order (gzread reads plain and gzip files alike), each up to its validation cut, joined.
+std::vector<uint8_t> load_text() {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(find_text(A.data)))
+    if (e.is_regular_file() && e.path().filename().string().rfind('.', 0) != 0) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  std::vector<uint8_t> text;
+  for (const auto& f : files) {
+    auto bytes = gunzip(f);
+    text.insert(text.end(), bytes.begin(), bytes.begin() + std::ptrdiff_t(validation_cut(bytes)));
+  }
+  return text;
+}
+
+// transformer: the first TEXT_BATCHES batches of TEXT_BATCH windows of CONTEXT tokens of the training text, side by
+// side and in order, cycled; next-token targets; AdamW(2e-3, weight decay 0.01); the mean cross-entropy over every
+// position. Each batch is a slice of the preloaded windows.
+void run_transformer() {
+  auto text = load_text();
+  const int64_t n = TEXT_BATCHES * TEXT_BATCH;
+  if (int64_t(text.size()) < n * CONTEXT + 1) {
+    std::fprintf(stderr, "text corpus: %zu training bytes, fewer than the %lld needed\n", text.size(),
+                 (long long)(n * CONTEXT + 1));
+    std::exit(2);
+  }
+  auto all = torch::from_blob(text.data(), {n * CONTEXT + 1}, torch::kUInt8).to(torch::kInt64);
+  auto X = all.slice(0, 0, n * CONTEXT).view({n, CONTEXT}), Y = all.slice(0, 1, n * CONTEXT + 1).view({n, CONTEXT});
+  TinyGpt model;
+  torch::optim::AdamW opt(model->ordered(), torch::optim::AdamWOptions(2e-3).weight_decay(0.01));
+  torch::Tensor xb, yb, loss;
+  auto batch = [&](int64_t b) {
+    xb = X.slice(0, b * TEXT_BATCH, (b + 1) * TEXT_BATCH);
+    yb = Y.slice(0, b * TEXT_BATCH, (b + 1) * TEXT_BATCH);
+  };
+  auto step = [&] {
+    opt.zero_grad();
+    // logits are sequence first ([L, N, 256]): the targets too, so that each position meets its own
+    loss = torch::nn::functional::cross_entropy(model->forward(xb).reshape({-1, VOCAB}), yb.t().reshape({-1}));
+    loss.backward();
+    opt.step();
+  };
+  time_cycled("transformer", TEXT_BATCHES, batch, step, loss);
 }
 
 void run_tiny() {
@@ -399,7 +586,8 @@ int main(int argc, char** argv) {
   at::set_num_threads(A.threads);
   at::set_num_interop_threads(A.threads);
   torch::manual_seed(0);
-  std::vector<std::string> wls = {"seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm", "resnet"};
+  std::vector<std::string> wls = {"seed_regression", "mnist_mlp", "wide_mlp", "tiny_op", "mnist_cnn", "lstm", "resnet",
+                                  "transformer"};
   if (A.workload != "all") {
     if (std::find(wls.begin(), wls.end(), A.workload) == wls.end()) { std::fprintf(stderr, "unknown workload %s\n", A.workload.c_str()); return 2; }
     wls = {A.workload};
@@ -416,6 +604,7 @@ int main(int argc, char** argv) {
     else if (w == "mnist_cnn") run_batches(w, build_cnn(), {1, 28, 28});
     else if (w == "lstm") run_batches(w, LstmNet(), {28, 28});
     else if (w == "resnet") run_batches(w, build_resnet(), {1, 28, 28});
+    else if (w == "transformer") run_transformer();
     else run_tiny();
   }
   return 0;

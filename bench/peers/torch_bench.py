@@ -8,6 +8,7 @@ by side, apart from the single-precision table).
 Runs with whatever torch the interpreter has: /usr/bin/python3 (Debian's python3-torch 1.13) or
 bench/peers/.venv/bin/python (current torch from PyPI). See README.md.
 """
+import inspect
 import os
 import sys
 import time
@@ -92,7 +93,55 @@ def build_net(workload):
     return model
 
 
+class Positions(nn.Module):
+    """A learned position table [CONTEXT, WIDTH] added to every sequence (kiln's nn::LearnedPositionalEmbedding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(C.CONTEXT, C.WIDTH))
+
+    def forward(self, x):
+        return x + self.weight[:x.shape[1]]
+
+
+# nn.TransformerEncoder.forward takes is_causal from torch 2.0 on; before, the mask alone says it.
+CAUSAL_HINT = "is_causal" in inspect.signature(nn.TransformerEncoder.forward).parameters
+
+
+class TinyGPT(nn.Module):
+    """transformer (examples/tiny_gpt's model): ids [N, L] -> Embedding(256, 128) + Positions ->
+    nn.TransformerEncoder of 4 nn.TransformerEncoderLayer(128, 4 heads, 512, GELU, dropout 0, batch_first, norm_first)
+    with a final LayerNorm -> Linear(128, 256), next-token logits [N, L, 256]. The causal mask goes with is_causal=True,
+    so that nn.MultiheadAttention hands the attention to F.scaled_dot_product_attention's causal path without the
+    mask (torch 2.x)."""
+
+    def __init__(self):
+        super().__init__()
+        d = C.WIDTH
+        self.tokens = nn.Embedding(C.VOCAB, d)
+        self.positions = Positions()
+        layer = nn.TransformerEncoderLayer(d, C.HEADS, C.FEEDFORWARD, dropout=0.0, activation="gelu", batch_first=True,
+                                           norm_first=True)
+        self.trunk = nn.TransformerEncoder(layer, C.LAYERS, norm=nn.LayerNorm(d), enable_nested_tensor=False)
+        self.head = nn.Linear(d, C.VOCAB)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(C.CONTEXT), persistent=False)
+
+    def forward(self, ids):
+        x = self.positions(self.tokens(ids))
+        L = ids.shape[1]
+        causal = {"is_causal": True} if CAUSAL_HINT else {}
+        return self.head(self.trunk(x, mask=self.mask[:L, :L], **causal))
+
+
 def build(workload):
+    if workload == "transformer":
+        model = TinyGPT()
+        params, init = list(model.parameters()), C.init_tensors(workload)
+        assert [tuple(p.shape) for p in params] == [a.shape for a in init], workload
+        with torch.no_grad():
+            for p, a in zip(params, init):
+                p.copy_(torch.from_numpy(a))
+        return model
     if workload in C.BATCHES:
         return build_net(workload)
     sz = C.layer_sizes(workload)
@@ -305,6 +354,60 @@ def run_batches(system, workload):
     C.result(system, VERSION, workload, args.threads, t.times, float(np.median(t.data_us)), final)
 
 
+class TextWindows(torch.utils.data.Dataset):
+    """The tutorial way for text: one window (ids, next-token targets) at a time."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.x[i]), torch.from_numpy(self.y[i])
+
+
+def run_transformer(system):
+    """transformer as bench/ladder times it: the first BATCHES["transformer"] batches of TEXT_BATCH windows of the
+    training text in order, cycled; AdamW; mean cross-entropy over every position. Timing as run_batches.
+    pytorch_tutorial: a DataLoader over a per-window Dataset (shuffle off, so the same batches in the same order) and
+    loss.item() every step; the others slice the batch out of one preloaded tensor."""
+    x, y = C.text_batches(args.data)
+    nb, bs = C.BATCHES["transformer"], C.TEXT_BATCH
+    model = maybe_compile(system, build("transformer"))
+    opt = torch.optim.AdamW(model.parameters(), lr=C.ADAMW_LR, weight_decay=C.ADAMW_WEIGHT_DECAY)
+    tutorial = system == "pytorch_tutorial"
+    if tutorial:
+        loader = torch.utils.data.DataLoader(TextWindows(x, y), batch_size=bs, shuffle=False, num_workers=0)
+        it = [iter(loader)]
+
+        def batch(b):
+            try:
+                return next(it[0])
+            except StopIteration:  # the next pass over the nb batches
+                it[0] = iter(loader)
+                return next(it[0])
+    else:
+        X, Y = torch.from_numpy(x), torch.from_numpy(y)
+
+        def batch(b):
+            return X[b * bs:(b + 1) * bs], Y[b * bs:(b + 1) * bs]
+    last = [None]
+
+    def step(xb, yb):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(xb).reshape(-1, C.VOCAB), yb.reshape(-1))
+        loss.backward()
+        opt.step()
+        last[0] = loss.item() if tutorial else loss
+    steps = args.steps or C.default_steps("transformer", args.quick)
+    t = C.CycledTiming(step, batch, nb, steps, args.reps)
+    info(system, "transformer", first_step_s="%.3f" % t.first, warmup_steps=t.warmup, steps=steps, reps=args.reps,
+         batches=nb, mean_data_us="%.1f" % (sum(t.data_us) / len(t.data_us)))
+    final = last[0] if tutorial else last[0].item()
+    C.result(system, VERSION, "transformer", args.threads, t.times, float(np.median(t.data_us)), final)
+
+
 def run_tiny(system):
     if system == "pytorch_tutorial":
         info(system, "tiny_op", note="same_code_as_pytorch_preloaded_skipped")
@@ -350,6 +453,8 @@ def main():
                     run_fixed_batch(system, w, x, y, F.cross_entropy)
                 elif w == "mnist_mlp":
                     run_mnist(system)
+                elif w == "transformer":
+                    run_transformer(system)
                 elif w in C.BATCHES:
                     run_batches(system, w)
                 elif w == "tiny_op":

@@ -40,19 +40,17 @@ struct cpu : kernels::cpu::elementwise_kernels,
   // arithmetic (conv_direct.hpp) instead of building im2col's column matrix for gemm: the same bits, where gemm would
   // run the product blocked.
   static constexpr bool direct_convolution = true;
-  // A Dense layer's input mostly of one value (images on a blank background) takes the sparse-input products
-  // (dense_sparse_input.hpp) for its forward and weight gradient: the same sums within float rounding.
-  static constexpr bool sparse_input_products = true;
+  // Dense layers take the GEMM whatever their input; policy::cpu_sparse_input takes the sparse-input products.
+  static constexpr bool sparse_input_products = false;
   // A Dense layer's backward over a Dense layer with a fused ReLU (static mode's Sequential with fused epilogues):
   // dW = dy^T x and dx = relu'(x) (dy W) in one pass over the batch (head_backward.hpp), where that pass has the bits
   // of the two products and the ReLU's backward and gemm would run both on the calling thread, and the sparse-input
-  // products do not take the weight gradient (dense_backward_through_relu_applies). The gain: docs/benchmarks.md.
+  // products, where the policy takes them, do not take the weight gradient (dense_backward_through_relu_applies). The
+  // gain: docs/benchmarks.md.
   static constexpr bool one_pass_relu_backward = true;
   static bool dense_backward_through_relu_applies(index_t batch, index_t in, index_t out,
                                                   kernels::cpu::product_precision precision) {
-    const bool serial = num_threads() == 1 || batch * in * out < kernels::cpu::gemm_detail::parallel_min_work;
-    return serial && !kernels::cpu::dense_sparse_input_applies<float>(batch, in, out) &&
-           kernels::cpu::head_backward_fusable(batch, in, out, precision);
+    return one_pass_relu_backward_applies(batch, in, out, precision, sparse_input_products);
   }
   static void dense_backward_through_relu(const float* dy, const float* x, const float* w, float* dw, float* dx,
                                           index_t batch, index_t in, index_t out) {
@@ -116,6 +114,13 @@ struct cpu : kernels::cpu::elementwise_kernels,
   }
 
  protected:
+  static bool one_pass_relu_backward_applies(index_t batch, index_t in, index_t out,
+                                             kernels::cpu::product_precision precision, bool sparse_input) {
+    const bool serial = num_threads() == 1 || batch * in * out < kernels::cpu::gemm_detail::parallel_min_work;
+    return serial && !(sparse_input && kernels::cpu::dense_sparse_input_applies<float>(batch, in, out)) &&
+           kernels::cpu::head_backward_fusable(batch, in, out, precision);
+  }
+
   // for_batch_slices for products of this precision. At least 16 rows a slice where they take the bfloat16 path
   // (AMX tiles, or AVX512-BF16 dot products): it takes a product by its shape above 16 rows only (see
   // amx_worthwhile), so every slice then runs the path the whole batch would, with the same bits.
@@ -131,6 +136,23 @@ struct cpu : kernels::cpu::elementwise_kernels,
     const index_t min_items =
         std::max<index_t>(floor, kernels::cpu::gemm_detail::parallel_min_work / std::max<index_t>(work_per_item, 1));
     kernels::cpu::parallel_row_slices(count, min_items, body);
+  }
+};
+
+// policy::cpu plus the sparse-input products (kernels/cpu/dense_sparse_input.hpp): a Dense layer's input mostly of one
+// value, its background (MNIST's blank pixels, one-hot or bag-of-words features), takes them for its forward and
+// weight gradient, which then cost what the input's other elements cost; other inputs take the GEMM, as on policy::cpu.
+// The results are the GEMM's within float rounding, not its bits. Each call lists its input afresh. An explicit choice
+// for models whose first layer sees such inputs; KILN_SPARSE_INPUT=0 (core/switches.hpp) turns the products off.
+//
+//   Sequential<policy::cpu_sparse_input, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>> net(64);
+//   #define KILN_DYNAMIC_POLICY ::kiln::policy::cpu_sparse_input   // dynamic mode: before including kiln
+struct cpu_sparse_input : cpu {
+  static constexpr const char* name = "cpu_sparse_input";
+  static constexpr bool sparse_input_products = true;
+  static bool dense_backward_through_relu_applies(index_t batch, index_t in, index_t out,
+                                                  kernels::cpu::product_precision precision) {
+    return one_pass_relu_backward_applies(batch, in, out, precision, sparse_input_products);
   }
 };
 

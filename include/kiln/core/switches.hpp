@@ -6,7 +6,7 @@
 // that are not on/off are read through environment_setting: KILN_PRODUCT_PRECISION (kernels/cpu/product_precision.hpp)
 // and KILN_DATA (data/find_data.hpp).
 //
-//   kiln::set_switch(kiln::run_switch::sparse_input, false);   // every later Dense product takes the general path
+//   kiln::set_switch(kiln::run_switch::sparse_input, false);   // every later Dense product takes the GEMM
 //   for (const auto& s : kiln::run_switches)
 //     std::printf("%s=%d: %s\n", s.environment, kiln::switch_on(s.id), s.chooses);
 #pragma once
@@ -35,11 +35,12 @@ inline constexpr run_switch_info run_switches[] = {
     {run_switch::bf16_dot, "KILN_BF16_DOT", true,
      "bfloat16 products on AVX512-BF16 dot products, on CPUs that have them and no AMX"},
     {run_switch::sparse_input, "KILN_SPARSE_INPUT", true,
-     "Dense products that skip the elements of an input equal to its background value (inputs mostly one value)"},
+     "Dense products that skip the elements of an input equal to its background value (inputs mostly one value), "
+     "on the policies that take them (policy::cpu_sparse_input)"},
     {run_switch::sparse_gradient, "KILN_SPARSE_GRADIENT", true,
      "convolution gradients that skip zero output gradients (after a ReLU); the same bits as the dense path"},
     {run_switch::thread_balance, "KILN_BALANCE", true,
-     "parallel loops that share work by the threads' measured speeds instead of equally"},
+     "the fused MLP step's shares of the hidden units by the threads' measured speeds instead of equal shares"},
 };
 
 // The environment's value of one of kiln's settings, or null when it is not set.

@@ -29,17 +29,18 @@ bool forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, inde
 }
 template <class Policy, class T>
 bool weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in, index_t out,
-                                  bool accumulate, bool input_as_in_forward) {
+                                  bool accumulate) {
   if constexpr (requires { requires Policy::sparse_input_products; })
-    return Policy::dense_weight_gradient_sparse_input(x, dy, dweight, batch, in, out, accumulate, input_as_in_forward);
-  (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate, (void)input_as_in_forward;
+    return Policy::dense_weight_gradient_sparse_input(x, dy, dweight, batch, in, out, accumulate);
+  (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate;
   return false;
 }
 }  // namespace dense_detail
 
 // y[batch, out] = act(x[batch, in] W[out, in]^T + b[out]). bias may be null. With a GELU, whose derivative needs the
 // pre-activation, pre_activation (batch x out) receives it; for the other activations it may be null. An input
-// mostly of one value (as images with a blank background are) takes the policy's sparse-input product where it has one.
+// mostly of one value (as images with a blank background are) takes the policy's sparse-input product where it takes
+// them (policy::cpu_sparse_input).
 template <class Policy, class T>
 void dense_forward(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in, index_t out,
                    activation act = activation::identity, T slope = T(0.01), T* pre_activation = nullptr) {
@@ -56,14 +57,11 @@ void dense_forward(const T* x, const T* weight, const T* bias, T* y, index_t bat
 // Given dL/dy (of the pre-activation: apply activation_backward first when an activation was fused), computes
 // dx = dy W (skipped when dx is null: the first layer needs none), dW = dy^T x and db = column sums of dy.
 // accumulate adds into dW and db (dynamic mode's .grad semantics) instead of overwriting them (static mode).
-// input_as_in_forward: the caller vouches that x has not changed since this layer's forward, so that what the forward
-// derived from it (the sparse-input listing) may serve again.
 template <class Policy, class T>
 void dense_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias, index_t batch, index_t in,
-                    index_t out, bool accumulate, bool input_as_in_forward = false) {
+                    index_t out, bool accumulate) {
   T beta = accumulate ? T(1) : T(0);
-  if (!dense_detail::weight_gradient_sparse_input<Policy>(x, dy, dweight, batch, in, out, accumulate,
-                                                          input_as_in_forward))
+  if (!dense_detail::weight_gradient_sparse_input<Policy>(x, dy, dweight, batch, in, out, accumulate))
     Policy::gemm(true, false, out, in, batch, T(1), dy, out, x, in, beta, dweight, in);
   if (dbias) Policy::sum_rows(dy, dbias, batch, out, accumulate);
   if (dx) Policy::gemm(false, false, batch, in, out, T(1), dy, out, weight, in, T(0), dx, in);
@@ -162,7 +160,7 @@ struct Dense {
     static void backward_preactivated(const T* params, const T* x, const T*, T* dy, T* dx, T* dparams, T*,
                                       const layer_context& ctx) {
       dense_backward<Policy>(x, params, dy, dx, dparams, Bias ? dparams + weight_size : nullptr, ctx.batch, in, Out,
-                             false, ctx.input_as_in_forward);
+                             false);
     }
     static std::vector<static_parameter_info> parameter_tensors() {
       std::vector<static_parameter_info> tensors{{"weight", shape{Out, in}, 0}};

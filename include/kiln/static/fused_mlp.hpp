@@ -2,7 +2,8 @@
 // (kernels/cpu/fused_mlp.hpp), the CPU counterpart of the GPU's one-launch step (static/fused_mlp.cuh). It takes a
 // model of the form
 //
-//   Sequential<policy::cpu (or cpu_bf16, cpu_bf16x3), Input<...>, [Flatten,] Dense<Hidden, ReLU>, Dense<Out>>
+//   Sequential<policy::cpu (or cpu_sparse_input, cpu_bf16, cpu_bf16x3), Input<...>, [Flatten,] Dense<Hidden, ReLU>,
+//              Dense<Out>>
 //
 // with softmax cross-entropy (mean) and Adam or AdamW, and updates the model's own parameters in place, so that
 // predict, evaluate, state_dict and the weight writers see the trained weights. Its losses, parameters and gradients
@@ -28,17 +29,17 @@ namespace kiln {
 
 namespace detail {
 
-// The CPU policies whose products the fused step runs itself: policy::cpu (the default product precision) and those
-// that fix a precision (cpu_bf16, cpu_bf16x3). Not cpu_blas, whose products are OpenBLAS's.
+// The CPU policies whose products the fused step runs itself: policy::cpu and cpu_sparse_input (the default product
+// precision) and those that fix a precision (cpu_bf16, cpu_bf16x3). Not cpu_blas, whose products are OpenBLAS's.
 template <class Policy>
 constexpr bool fused_cpu_policy =
-    std::is_same_v<Policy, policy::cpu> ||
+    std::is_same_v<Policy, policy::cpu> || std::is_same_v<Policy, policy::cpu_sparse_input> ||
     (std::is_base_of_v<policy::cpu, Policy> && requires { Policy::precision; });
 
 template <class Policy>
 kernels::cpu::product_precision fused_product_precision() {
-  if constexpr (std::is_same_v<Policy, policy::cpu>) return kernels::cpu::default_product_precision();
-  else return Policy::precision;
+  if constexpr (requires { Policy::precision; }) return Policy::precision;
+  else return kernels::cpu::default_product_precision();
 }
 
 }  // namespace detail
@@ -49,8 +50,8 @@ template <class Net>
 class fused_mlp_trainer<Net, true> {
   using model = detail::fused_mlp_model<Net>;
   static_assert(detail::fused_cpu_policy<typename Net::policy>,
-                "kiln::fused_mlp_trainer: expected a model on policy::cpu, cpu_bf16 or cpu_bf16x3 (cpu_blas's "
-                "products are OpenBLAS's)");
+                "kiln::fused_mlp_trainer: expected a model on policy::cpu, cpu_sparse_input, cpu_bf16 or cpu_bf16x3 "
+                "(cpu_blas's products are OpenBLAS's)");
   static constexpr index_t in = model::in, hidden = model::hidden, out = model::out;
 
  public:
@@ -106,6 +107,7 @@ class fused_mlp_trainer<Net, true> {
     arguments_.adam = {float(options_.lr),           float(options_.beta1), float(options_.beta2), float(options_.eps),
                        float(options_.weight_decay), decoupled_,            false,                 steps_};
     arguments_.precision = detail::fused_product_precision<typename Net::policy>();
+    arguments_.sparse_input = Net::policy::sparse_input_products;
     return kernels::cpu::fused_mlp_step(arguments_, balance_);
   }
   // The same step, each thread's parts timed into `parts` (the same kernels and bits).
@@ -130,6 +132,9 @@ class fused_mlp_trainer<Net, true> {
   bool decoupled_;
   long long steps_ = 0;
   kernels::cpu::fused_mlp_step_arguments arguments_{};
+  // The threads' shares of the hidden units, learned from this trainer's steps: a thread keeps its units (their rows
+  // of W1, their Adam state) in its core's cache from step to step, so the shares cannot be handed out afresh per step
+  // as the layer-by-layer kernels hand out their chunks.
   kernels::cpu::thread_balance balance_;
 };
 

@@ -22,18 +22,13 @@ void linear_backward(const tape_entry<T>& e) {
   if (accumulate && dweight.data && !dweight.accumulate) zero_values(dweight.data, w->shape.numel());
   if (accumulate && dbias.data && !dbias.accumulate) zero_values(dbias.data, b->shape.numel());
   grad_target<T> dx = grad_target_for(x);
-  // x is as the forward saw it: the tape holds it, and a value saved for the backward must not be written until then
-  // (the contract Variable::borrowing states for borrowed data), so the forward's listing of a sparse input may serve.
-  constexpr bool input_as_in_forward = true;
   if (dweight.data) {
     if (dx.data && dx.accumulate) {
       scratch_buffer<T> scratch(x->shape.numel());
-      dense_backward<P>(x->value, w->value, dy, scratch.data(), dweight.data, dbias.data, batch, in, out, accumulate,
-                        input_as_in_forward);
+      dense_backward<P>(x->value, w->value, dy, scratch.data(), dweight.data, dbias.data, batch, in, out, accumulate);
       P::accumulate(scratch.data(), dx.data, x->shape.numel());
     } else {
-      dense_backward<P>(x->value, w->value, dy, dx.data, dweight.data, dbias.data, batch, in, out, accumulate,
-                        input_as_in_forward);
+      dense_backward<P>(x->value, w->value, dy, dx.data, dweight.data, dbias.data, batch, in, out, accumulate);
     }
   } else {
     // A frozen weight: dense_backward always forms dW, so make its two other kernel calls, with its arguments.

@@ -9,6 +9,9 @@
 // its nonzeros alone, listed once by groups of adjacent columns (sparse_input). Where c is 0 these are the plain
 // sparse products.
 //
+// They serve inputs of that kind alone, so they are a model's explicit choice: policy::cpu_sparse_input (policy.hpp)
+// takes them, policy::cpu does not, and the switch KILN_SPARSE_INPUT (core/switches.hpp) turns them off everywhere.
+//
 // The sums are those of the dense product, in another order and with d = x - c rounded once, so the results are the
 // dense product's within float rounding, not its bits (tests/test_dense_sparse_input.cpp checks them against a
 // double-precision product). Which path a product takes depends on the input's values alone, never on the threads, so
@@ -31,7 +34,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -44,7 +46,6 @@
 #include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/gemm_scratch.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
-#include "kiln/kernels/cpu/thread_balance.hpp"
 
 namespace kiln::kernels::cpu {
 
@@ -54,6 +55,9 @@ namespace kiln::kernels::cpu {
 // 0.75 it is still ahead (docs/benchmarks.md). Mostly blank images list far less; an input 30% off its background at
 // random places lists just past the limit.
 inline constexpr double sparse_input_max_work = 0.75;
+
+// The most threads that list shares of one input.
+inline constexpr int max_listing_threads = 64;
 
 namespace sparse_input_detail {
 // Whether the user allows the kernels: the switch run_switch::sparse_input (core/switches.hpp, KILN_SPARSE_INPUT),
@@ -101,8 +105,9 @@ inline void transpose(const float* src, index_t ld_src, index_t rows, index_t co
 #endif
 }  // namespace sparse_input_detail
 
-// Turns the sparse-input products on or off for every later call (on by default; KILN_SPARSE_INPUT=0 in the
-// environment starts them off). Unlike the sparse convolution gradients they change results within float rounding.
+// Allows or forbids the sparse-input products for every later call of the policies that take them
+// (policy::cpu_sparse_input; allowed by default, and KILN_SPARSE_INPUT=0 in the environment starts them forbidden).
+// Unlike the sparse convolution gradients they change results within float rounding.
 inline void set_sparse_input_products(bool enabled) {
   sparse_input_detail::sparse_allowed().store(enabled, std::memory_order_relaxed);
 }
@@ -133,9 +138,6 @@ class sparse_input {
   const index_t* start = nullptr;
   const std::int32_t* row = nullptr;
   const float* value[group] = {};
-  // What the listing was made for, where its maker says (sparse_input_kernels: the forward call whose input it
-  // lists); every scan clears it to 0.
-  std::uint64_t tag = 0;
 
   // Lists x (rows x cols, leading dimension ldx) against the background x[0]. Returns false, with nothing usable
   // listed, where x[0] is not finite or group * entries would pass max_work * rows * cols (it stops reading there).
@@ -164,7 +166,6 @@ class sparse_input {
 inline bool sparse_input::scan(const float* x, index_t rows_, index_t cols_, index_t ldx, double max_work) {
   if (rows_ <= 0 || cols_ <= 0 || !std::isfinite(x[0])) {
     rows = cols = groups = entries = first_row = 0;
-    tag = 0;
     return false;
   }
   return scan_rows(x, 0, rows_, cols_, ldx, x[0], work_limit(rows_, cols_, max_work));
@@ -178,7 +179,6 @@ inline bool sparse_input::scan_rows(const float* x, index_t first, index_t count
   cols = cols_;
   groups = (cols + group - 1) / group;
   entries = 0;
-  tag = 0;
   if (rows <= 0 || cols <= 0) return false;
   background = background_;
   x += first * ldx;
@@ -585,8 +585,9 @@ inline void sparse_input_weight_gradient_part(const sparse_input& s, const float
   sparse_input_weight_gradient_part(whole, dy, ldy, dw, ldw, accumulate, o0, o1);
 }
 
-// Whether a Dense layer of this shape may take the sparse-input products: turned on, floats on AVX-512, a multiple of
-// 16 outputs, and enough work that a scan of the input repays itself.
+// Whether a Dense layer of this shape may take the sparse-input products, where its policy takes them: allowed
+// (set_sparse_input_products), floats on AVX-512, a multiple of 16 outputs, and enough work that a scan of the input
+// repays itself.
 template <class T>
 bool dense_sparse_input_applies(index_t batch, index_t in, index_t out) {
 #if defined(__AVX512F__)
@@ -598,32 +599,22 @@ bool dense_sparse_input_applies(index_t batch, index_t in, index_t out) {
   return false;
 }
 
-// The sparse-input products behind policy::cpu: each returns false, computing nothing, where the layer's input does
-// not qualify (dense_sparse_input_applies, sparse_input::scan), and the caller then runs the GEMM.
+// The sparse-input products behind policy::cpu_sparse_input: each returns false, computing nothing, where the layer's
+// input does not qualify (dense_sparse_input_applies, sparse_input::scan), and the caller then runs the GEMM. Each call
+// lists its input itself: nothing of one call serves another.
 struct sparse_input_kernels {
-  // Called by each thread `id` of a team of `team` at once (inside a parallel region it holds a barrier): lists the
-  // thread's share of x's rows (batch x in) into parts[id], then returns whether x qualifies, parts[0, team) then its
-  // listings in row order: list_share, a barrier, shares_qualify. `tag` and `reuse` as thread_listing's.
-  static bool list_shares(const float* x, index_t batch, index_t in, int id, int team, const sparse_input** parts,
-                          std::uint64_t tag = 0, std::uint64_t reuse = 0) {
-    parts[id] = list_share(x, batch, in, id, team, tag, reuse);
-    if (team > 1) {
-#pragma omp barrier
-    }
-    return shares_qualify(batch, in, team, parts);
-  }
-
-  // Thread `id` of `team`'s listing of its share of x's rows, null where the share lists more than the whole input
-  // may (or x's first element is not finite). The shares are the ones that a data loader on as many threads copies
-  // (data_loader), so each thread lists rows in its own core's cache, and each then walks every thread's listing.
-  // (Each thread listing the whole of x would read the other threads' shares from their cores' caches; one listing
-  // shared out would leave each thread waiting on all of the other's lists.)
-  static const sparse_input* list_share(const float* x, index_t batch, index_t in, int id, int team,
-                                        std::uint64_t tag = 0, std::uint64_t reuse = 0) {
+  // Thread `id` of `team`'s listing of its share of x's rows (batch x in), null where the share lists more than the
+  // whole input may (or x's first element is not finite). Once every thread of the team has listed its share into
+  // parts[0, team), shares_qualify says whether x qualifies, and parts[0, team) are then its listings in row order. The
+  // shares are equal, as those that a data loader on as many threads copies (data_loader), so each thread lists rows
+  // in its own core's cache, and each then walks every thread's listing. (Each thread listing the whole of x would
+  // read the other threads' shares from their cores' caches; one listing shared out would leave each thread waiting on
+  // all of the other's lists.) The listing is the calling thread's scratch, valid until its next list_share.
+  static const sparse_input* list_share(const float* x, index_t batch, index_t in, int id, int team) {
     if (batch < team || in <= 0 || !std::isfinite(x[0])) return nullptr;
-    const thread_split shares = thread_split::equal(team);
-    return thread_listing(x, shares.begin(batch, id), shares.end(batch, id), in, sparse_input::work_limit(batch, in),
-                          tag, reuse);
+    const index_t r0 = batch * id / team, r1 = batch * (id + 1) / team;
+    sparse_input& s = thread_input();
+    return s.scan_rows(x, r0, r1 - r0, in, in, x[0], sparse_input::work_limit(batch, in)) ? &s : nullptr;
   }
 
   // Whether x (batch x in) qualifies, once every thread of the team has listed its share into parts[0, team): the
@@ -639,127 +630,73 @@ struct sparse_input_kernels {
 
   // y = act(x W^T + bias) for x (batch x in), W (out x in), y (batch x out), all contiguous.
   template <class T>
-  KILN_KERNEL static bool dense_forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch, index_t in,
-                                         index_t out, activation act, T slope) {
+  KILN_KERNEL static bool dense_forward_sparse_input(const T* x, const T* weight, const T* bias, T* y, index_t batch,
+                                                     index_t in, index_t out, activation act, T slope) {
     if constexpr (std::is_same_v<T, float>) {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
-      const std::uint64_t call = next_forward_call();
-      last_forward() = {x, batch, in, call};
-      // The sums are zeroed before the other threads' listings are waited for, and every listing is then added in one
-      // pass over the strips (sparse_input_forward_sums::add).
-      const auto start = [&](index_t o0, index_t o1) {
-        return sparse_input_forward_sums(weight, in, in, batch, x[0], o0, o1);
-      };
-      const auto finish = [&](sparse_input_forward_sums& sums, std::span<const sparse_input* const> parts, index_t,
-                              index_t) {
+      return listed_then_over_outputs(x, batch, in, out, [&](std::span<const sparse_input* const> parts, index_t o0,
+                                                             index_t o1) {
+        sparse_input_forward_sums sums(weight, in, in, batch, x[0], o0, o1);
         sums.add(parts);
         sums.finish(bias, act, slope, y, out);
-      };
-      return listed_then_over_outputs(x, batch, in, out, call, 0, start, finish);
+      });
     }
     (void)x, (void)weight, (void)bias, (void)y, (void)batch, (void)in, (void)out, (void)act, (void)slope;
     return false;
   }
 
-  // dW = dy^T x (+ dW where accumulate) for x (batch x in), dy (batch x out), dW (out x in), all contiguous. Where
-  // the caller vouches that x is unchanged since the forward that last listed it on this thread (input_as_in_forward:
-  // static mode's Sequential, which runs each backward right after its forward on buffers it owns), that forward's
-  // listings serve again and x is not read.
+  // dW = dy^T x (+ dW where accumulate) for x (batch x in), dy (batch x out), dW (out x in), all contiguous.
   template <class T>
-  KILN_KERNEL static bool dense_weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch, index_t in,
-                                                 index_t out, bool accumulate, bool input_as_in_forward = false) {
+  KILN_KERNEL static bool dense_weight_gradient_sparse_input(const T* x, const T* dy, T* dweight, index_t batch,
+                                                             index_t in, index_t out, bool accumulate) {
     if constexpr (std::is_same_v<T, float>) {
       if (!dense_sparse_input_applies<T>(batch, in, out)) return false;
-      const forward_listing& last = last_forward();
-      const std::uint64_t reuse = input_as_in_forward && last.x == x && last.batch == batch && last.in == in
-                                      ? last.call
-                                      : 0;
-      // Nothing to start on: every row's terms are added in row order, whichever thread listed them.
-      const auto start = [](index_t, index_t) { return 0; };
-      const auto part = [&](int, std::span<const sparse_input* const> parts, index_t o0, index_t o1) {
+      return listed_then_over_outputs(x, batch, in, out, [&](std::span<const sparse_input* const> parts, index_t o0,
+                                                             index_t o1) {
         sparse_input_weight_gradient_part(parts, dy, out, dweight, in, accumulate, o0, o1);
-      };
-      return listed_then_over_outputs(x, batch, in, out, 0, reuse, start, part);
+      });
     }
-    (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate, (void)input_as_in_forward;
+    (void)x, (void)dy, (void)dweight, (void)batch, (void)in, (void)out, (void)accumulate;
     return false;
   }
 
  private:
-  // The last forward that listed its input, on the thread that called it. Calls are numbered across all threads, so a
-  // listing tagged with a call's number is that call's whichever thread holds it, and a listing from an older call on
-  // the same memory never passes for it.
-  struct forward_listing {
-    const float* x = nullptr;
-    index_t batch = 0, in = 0;
-    std::uint64_t call = 0;
-  };
-  static forward_listing& last_forward() {
-    static thread_local forward_listing last;
-    return last;
-  }
-  static std::uint64_t next_forward_call() {
-    static std::atomic<std::uint64_t> calls{0};
-    return calls.fetch_add(1, std::memory_order_relaxed) + 1;
-  }
-
-  // The calling thread's listing of an input.
+  // The calling thread's listing of an input: scratch, reused for its buffers alone.
   static sparse_input& thread_input() {
     static thread_local sparse_input input;
     return input;
   }
 
-  // The calling thread's listing of rows [r0, r1) of x: the one tagged `reuse` where the thread holds it for those
-  // rows (reuse nonzero), else a fresh scan against the whole input's background, tagged `tag`; null where the rows
-  // list more than `limit` entries. Whether x qualifies is the same answer either way.
-  static const sparse_input* thread_listing(const float* x, index_t r0, index_t r1, index_t in, index_t limit,
-                                            std::uint64_t tag, std::uint64_t reuse) {
-    sparse_input& s = thread_input();
-    if (reuse != 0 && s.tag == reuse && s.first_row == r0 && s.rows == r1 - r0 && s.cols == in) return &s;
-    if (!s.scan_rows(x, r0, r1 - r0, in, in, x[0], limit)) return nullptr;
-    s.tag = tag;
-    return &s;
-  }
-
-  // Lists x, then, where it qualifies, runs the products over the outputs in tiles of 16, on one parallel region's
-  // threads where there are several. Each thread with outputs [o0, o1) to compute calls start(o0, o1) once its own
-  // share is listed (and listable), before waiting for the other threads' listings, then, where x qualifies,
-  // finish(started, parts, o0, o1) with start's result and parts as list_shares leaves them. Returns whether x
-  // qualified.
-  template <class Start, class Finish>
-  static bool listed_then_over_outputs(const float* x, index_t batch, index_t in, index_t out, std::uint64_t tag,
-                                       std::uint64_t reuse, Start&& start, Finish&& finish) {
-    const index_t tiles = out / 16;
-    const int threads = int(std::min<index_t>({num_threads(), tiles, batch, thread_split::max_threads}));
-    const sparse_input* parts[thread_split::max_threads] = {};
+  // Lists x, then, where it qualifies, calls part(parts, o0, o1) over the outputs in chunks of the blocks a pass holds
+  // in registers (16 * max_vectors outputs; the last may be fewer), on one parallel region's threads where there are
+  // several, shared out by chunk_ranges. parts: the team's listings of x in row order. Returns whether x qualified.
+  template <class Part>
+  static bool listed_then_over_outputs(const float* x, index_t batch, index_t in, index_t out, Part&& part) {
+    constexpr index_t block = 16 * sparse_input_detail::max_vectors;
+    const index_t chunks = (out + block - 1) / block;
+    const int threads = int(std::min<index_t>({num_threads(), out / 16, batch, max_listing_threads}));
+    const sparse_input* parts[max_listing_threads] = {};
     if (threads <= 1) {
-      parts[0] = list_share(x, batch, in, 0, 1, tag, reuse);
+      parts[0] = list_share(x, batch, in, 0, 1);
       if (!shares_qualify(batch, in, 1, parts)) return false;
-      auto started = start(index_t{0}, out);
-      finish(started, std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
+      part(std::span<const sparse_input* const>(parts, 1), index_t{0}, out);
       return true;
     }
 #if defined(_OPENMP)
-    static thread_balance balance;  // one per call site: Start and Finish are each caller's own lambdas
-    const thread_split split = balance.split(threads, tiles, 1);
     bool qualified = false;
-    run_clock clock;
+    chunk_ranges ranges(threads, chunks);
 #pragma omp parallel num_threads(threads)
     {
       const int team = omp_get_num_threads(), id = omp_get_thread_num();
-      const thread_split mine = split.over(team);
-      const index_t o0 = mine.begin(tiles, id) * 16, o1 = mine.end(tiles, id) * 16;
-      const sparse_input* const own = parts[id] = list_share(x, batch, in, id, team, tag, reuse);
-      using started_type = decltype(start(o0, o1));
-      std::optional<started_type> started;
-      if (own && o0 < o1) started.emplace(start(o0, o1));
+      parts[id] = list_share(x, batch, in, id, team);
 #pragma omp barrier
       const bool listed = shares_qualify(batch, in, team, parts);
-      if (listed && started) finish(*started, std::span<const sparse_input* const>(parts, std::size_t(team)), o0, o1);
       if (id == 0) qualified = listed;
-      clock.finish(id, team);
+      if (listed) {
+        const std::span<const sparse_input* const> all(parts, std::size_t(team));
+        ranges.run(id, [&](index_t chunk) { part(all, chunk * block, std::min(out, (chunk + 1) * block)); });
+      }
     }
-    if (qualified) balance.record(split, tiles, clock);
     return qualified;
 #else
     return false;

@@ -79,6 +79,7 @@ struct fused_mlp_step_arguments {
   float* row_losses;               // batch: each row's loss before the mean
   adam_step_args<float> adam;      // this step's count included; amsgrad unused
   product_precision precision;     // of the products, as the model's policy sets it
+  bool sparse_input;               // whether the model's policy takes the sparse-input products (cpu_sparse_input)
   fused_mlp_parts* parts = nullptr;  // where set, each thread's parts of the step are timed into it
 };
 
@@ -176,10 +177,11 @@ KILN_LIBRARY_FUNCTION float step_part(const fused_mlp_step_arguments& a, int id,
   // own rows are in its core's cache, and the two threads do not wait on the same lines from the other core at once
   // (docs/benchmarks.md).
   // An input mostly of one value (as images with a blank background are) takes the sparse-input products, as Dense's
-  // forward and backward take them (dense_sparse_input.hpp), where `listings` is given: each thread lists its share of
-  // the batch's rows into listings[id], once for the forward and W1's gradient both, and walks every thread's listing
-  // (the same answer on every thread): all of them in one pass over the strips of its rows of W1, after the barrier
-  // that waits for them (sparse_input_forward_sums::add). Its own share added first, before the barrier, would keep
+  // forward and backward take them on policy::cpu_sparse_input (dense_sparse_input.hpp), where `listings` is given
+  // (fused_mlp_step_arguments::sparse_input): each thread lists its share of the batch's rows into listings[id], once
+  // for the forward and W1's gradient both, and walks every thread's listing (the same answer on every thread): all of
+  // them in one pass over the strips of its rows of W1, after the barrier that waits for them
+  // (sparse_input_forward_sums::add). Its own share added first, before the barrier, would keep
   // every strip of W1^T for the other shares: the thread's whole part of W1^T, not one strip in the L1 cache.
   if (listings) listings[id] = sparse_input_kernels::list_share(a.x, batch, in, id, team);
   const sparse_input* const own = listings ? listings[id] : nullptr;
@@ -280,10 +282,10 @@ inline float fused_mlp_step(const fused_mlp_step_arguments& a, thread_balance& b
   const steady::time_point step_start = a.parts ? steady::now() : steady::time_point{};  // read only when profiling
   [[maybe_unused]] const int threads = fused_mlp_threads(a.batch, a.in, a.hidden, a.out, a.precision);
   double busy = 0;
-  // Whether the hidden layer may take the sparse-input products, decided once for the whole team (list_shares holds a
-  // barrier that every thread or none must reach), and the team's listings of the batch.
-  const bool sparse = dense_sparse_input_applies<float>(a.batch, a.in, a.hidden);
-  const sparse_input* listings[thread_split::max_threads] = {};
+  // Whether the hidden layer may take the sparse-input products, decided once for the whole team (the listing is
+  // followed by a barrier that every thread or none must reach), and the team's listings of the batch.
+  const bool sparse = a.sparse_input && dense_sparse_input_applies<float>(a.batch, a.in, a.hidden);
+  const sparse_input* listings[max_listing_threads] = {};
 #if defined(_OPENMP)
   if (threads > 1) {
     const index_t tiles = (a.hidden + fused_mlp_unit_tile - 1) / fused_mlp_unit_tile;

@@ -384,14 +384,25 @@ void gemm_threaded(const gemm_problem<T>& g) {
 #if defined(_OPENMP)
   const index_t m_panels = ceil_div(g.m, register_block<T>::mr);
   const index_t n_panels = ceil_div(g.n, register_block<T>::nr);
-  // A split along one dimension (always, on two threads) follows the threads' speeds (thread_balance.hpp); a grid
-  // splits equally.
-  static thread_balance balance;
   const thread_grid planned = choose_thread_grid<T>(g.m, g.n, threads);
-  const bool balanced = planned.threads_m == 1 || planned.threads_n == 1;
-  const index_t balanced_panels = planned.threads_m == 1 ? n_panels : m_panels;
-  const thread_split split = balanced ? balance.split(threads) : thread_split::equal(threads);
-  run_clock clock;
+  if (planned.threads_m == 1 || planned.threads_n == 1) {
+    // A split along one dimension (always, on two threads): more chunks of whole panels than threads, each thread
+    // taking its own share's and then helping with the others' (parallel_dynamic_chunks). Each chunk starts its sweep over the row tiles its own share of
+    // the way down, so that threads splitting the columns do not read the same rows of A at once.
+    const bool by_columns = planned.threads_m == 1;
+    const index_t panels = by_columns ? n_panels : m_panels;
+    const index_t chunks = std::min<index_t>(index_t(threads) * chunks_per_thread, panels);
+    parallel_dynamic_chunks(threads, chunks, [&](index_t chunk) {
+      const index_t p0 = chunk_begin(panels, chunks, chunk), p1 = chunk_begin(panels, chunks, chunk + 1);
+      if (by_columns)
+        gemm_blocked(g, 0, g.m, std::min(g.n, p0 * register_block<T>::nr), std::min(g.n, p1 * register_block<T>::nr),
+                     double(chunk) / double(chunks));
+      else
+        gemm_blocked(g, std::min(g.m, p0 * register_block<T>::mr), std::min(g.m, p1 * register_block<T>::mr), 0, g.n);
+    });
+    return;
+  }
+  // A grid splits equally, one sub-block per thread.
 #pragma omp parallel num_threads(threads)
   {
     // The team may be smaller than asked for (nested parallelism, dynamic adjustment): split by the actual size.
@@ -399,15 +410,12 @@ void gemm_threaded(const gemm_problem<T>& g) {
     const int id = omp_get_thread_num();
     const thread_grid grid = team == threads ? planned : choose_thread_grid<T>(g.m, g.n, team);
     const int tm = id / grid.threads_n, tn = id % grid.threads_n;
-    const thread_split rows = split.over(grid.threads_m), cols = split.over(grid.threads_n);
-    const index_t i0 = std::min(g.m, rows.begin(m_panels, tm) * register_block<T>::mr);
-    const index_t i1 = std::min(g.m, rows.end(m_panels, tm) * register_block<T>::mr);
-    const index_t j0 = std::min(g.n, cols.begin(n_panels, tn) * register_block<T>::nr);
-    const index_t j1 = std::min(g.n, cols.end(n_panels, tn) * register_block<T>::nr);
-    gemm_blocked(g, i0, i1, j0, j1, grid.threads_m == 1 ? double(cols.starts[tn]) : 0.0);
-    clock.finish(id, team);
+    const index_t i0 = std::min(g.m, chunk_begin(m_panels, grid.threads_m, tm) * register_block<T>::mr);
+    const index_t i1 = std::min(g.m, chunk_begin(m_panels, grid.threads_m, tm + 1) * register_block<T>::mr);
+    const index_t j0 = std::min(g.n, chunk_begin(n_panels, grid.threads_n, tn) * register_block<T>::nr);
+    const index_t j1 = std::min(g.n, chunk_begin(n_panels, grid.threads_n, tn + 1) * register_block<T>::nr);
+    gemm_blocked(g, i0, i1, j0, j1, grid.threads_m == 1 ? double(tn) / double(grid.threads_n) : 0.0);
   }
-  if (balanced) balance.record(split, balanced_panels, clock);
 #endif
 }
 

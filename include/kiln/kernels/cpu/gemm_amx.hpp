@@ -45,8 +45,8 @@
 #include "kiln/kernels/cpu/gemm_microkernel.hpp"
 #include "kiln/kernels/cpu/gemm_pack.hpp"
 #include "kiln/kernels/cpu/gemm_scratch.hpp"
+#include "kiln/kernels/cpu/parallel.hpp"
 #include "kiln/kernels/cpu/product_precision.hpp"
-#include "kiln/kernels/cpu/thread_balance.hpp"
 
 // (Not in code that nvcc compiles: its front end does not know the tile intrinsics, and the CPU GEMMs of a CUDA
 // program's host code are not the ones that matter.)
@@ -865,28 +865,33 @@ inline void amx_threaded(const amx_problem& g, int threads) {
   // as 128 x 784 with k = 64, the product was slower, and the Adam step after it read half of each thread's gradient
   // from the other core's cache.
   if (!g.transposed_output && b_fits_whole(g.k, col_tiles) && row_tiles >= 2 * index_t(threads)) best_tm = threads;
+  if (best_tm == 1 || best_tm == threads) {
+    // A split along one dimension (always, on two threads): more chunks of whole tiles than threads, each thread
+    // taking its own share's and then helping with the others' (parallel_dynamic_chunks).
+    const bool by_rows = best_tm == threads;
+    const index_t tiles = by_rows ? row_tiles : col_tiles;
+    const index_t chunks = std::min<index_t>(index_t(threads) * chunks_per_thread, tiles);
+    parallel_dynamic_chunks(threads, chunks, [&](index_t chunk) {
+      const index_t t0 = chunk_begin(tiles, chunks, chunk) * tile_rows;
+      const index_t t1 = chunk_begin(tiles, chunks, chunk + 1) * tile_rows;
+      if (by_rows) amx_block(g, std::min(g.m, t0), std::min(g.m, t1), 0, g.n);
+      else amx_block(g, 0, g.m, std::min(g.n, t0), std::min(g.n, t1));
+    });
+    return;
+  }
 #if defined(_OPENMP)
-  // A split along one dimension (always, on two threads) follows the threads' speeds (thread_balance.hpp); a grid
-  // splits equally.
-  static thread_balance balance;
-  const bool balanced = best_tm == 1 || best_tm == threads;
-  const index_t balanced_tiles = best_tm == 1 ? col_tiles : row_tiles;
-  const thread_split split = balanced ? balance.split(threads) : thread_split::equal(threads);
-  run_clock clock;
+  // A grid splits equally, one sub-block per thread.
 #pragma omp parallel num_threads(threads)
   {
     const int team = omp_get_num_threads(), id = omp_get_thread_num();
     const int tm = team == threads ? best_tm : 1, tn = team / tm;
     const int my_m = id / tn, my_n = id % tn;
-    const thread_split rows = split.over(tm), cols = split.over(tn);
-    const index_t i0 = std::min(g.m, rows.begin(row_tiles, my_m) * tile_rows);
-    const index_t i1 = std::min(g.m, rows.end(row_tiles, my_m) * tile_rows);
-    const index_t j0 = std::min(g.n, cols.begin(col_tiles, my_n) * tile_rows);
-    const index_t j1 = std::min(g.n, cols.end(col_tiles, my_n) * tile_rows);
+    const index_t i0 = std::min(g.m, chunk_begin(row_tiles, tm, my_m) * tile_rows);
+    const index_t i1 = std::min(g.m, chunk_begin(row_tiles, tm, my_m + 1) * tile_rows);
+    const index_t j0 = std::min(g.n, chunk_begin(col_tiles, tn, my_n) * tile_rows);
+    const index_t j1 = std::min(g.n, chunk_begin(col_tiles, tn, my_n + 1) * tile_rows);
     amx_block(g, i0, i1, j0, j1);
-    clock.finish(id, team);
   }
-  if (balanced) balance.record(split, balanced_tiles, clock);
 #else
   amx_block(g, 0, g.m, 0, g.n);
 #endif
