@@ -289,8 +289,9 @@ class tape {
       }
       order_.resize(leaves.size());
       for (std::size_t k = 0; k < order_.size(); ++k) order_[k] = k;
-      std::stable_sort(order_.begin(), order_.end(),
-                       [&](std::size_t a, std::size_t b) { return last_use_[a] > last_use_[b]; });
+      std::sort(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) {
+        return last_use_[a] != last_use_[b] ? last_use_[a] > last_use_[b] : a < b;
+      });
     }
     void passed(int i) {
       while (listener_ && next_ < order_.size() && last_use_[order_[next_]] >= i)
