@@ -136,7 +136,7 @@ int main(int argc, char** argv) try {
   if (only == "all" || only == "mnist_mlp") {
     std::vector<tensor_view<const float>> xs;
     for (auto& x : images) xs.push_back(x.view());
-    Sequential<policy::cpu_sparse_input, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>> net(64, 1);
+    Sequential<policy::cpu, Input<28, 28>, Flatten, Dense<128, ReLU>, Dense<10>> net(64, 1);
     manual_seed(1);
     nn::Sequential model(nn::Flatten(), nn::Linear(784, 128), nn::ReLU(), nn::Linear(128, 10));
     profile_workload("mnist_mlp", net, model, xs, ys, passes, threads, warm, modes, clip_norm);
