@@ -15,6 +15,7 @@
 
 #include "fixture.hpp"
 #include "gradient_check.hpp"
+#include "same_training.hpp"
 #include "kiln/data/text.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
@@ -255,4 +256,85 @@ TEST_CASE("Text corpus: each file's end held out at an entry boundary; windows w
   CHECK_THROWS_WITH_AS(data::load_text_corpus(dir / "missing"), doctest::Contains("missing"), kiln::error);
   CHECK_THROWS_WITH_AS(data::load_text_corpus(dir, {.max_bytes = 100}), doctest::Contains("limit"), kiln::error);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("TimeDistributed<Dense>: static mode's Linear at every position trains as nn::Linear on [N, T, E]") {
+  using Net = Sequential<policy::cpu, Input<5, 12>, TimeDistributed<Dense<16, GELU>>, TimeDistributed<Dense<8>>,
+                         Flatten, Dense<3>>;
+  static_assert(std::is_same_v<Net::plan::bound<0>::output, dims<5, 16>>);
+  static_assert(std::is_same_v<Net::plan::bound<1>::output, dims<5, 8>>);
+  Net net(4, 7);
+  manual_seed(7);
+  auto model = nn::Sequential(nn::Linear(12, 16), nn::GELU(), nn::Linear(16, 8), nn::Flatten(), nn::Linear(40, 3));
+  const auto static_dict = net.state_dict(), dynamic_dict = model.state_dict();
+  REQUIRE(static_dict.size() == dynamic_dict.size());
+  for (std::size_t i = 0; i < static_dict.size(); ++i) {
+    CAPTURE(dynamic_dict[i].first);
+    CHECK(static_dict[i].first == dynamic_dict[i].first);  // "0.weight", "2.weight", "4.weight": PyTorch's numbering
+    CHECK(std::equal(static_dict[i].second.span().begin(), static_dict[i].second.span().end(),
+                     dynamic_dict[i].second.span().begin()));
+  }
+  random_generator rng(3);
+  Tensor<float> x(shape{4, 5, 12});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  Tensor<std::int64_t> y(shape{4}, {0, 2, 1, 2});
+  check_same_losses(net, model, {x, y}, 20, {.lr = 1e-2}, [](auto&, auto&) {});
+  CHECK(Net::plan::bound<0>::description() == "TimeDistributed(Dense+GELU)");
+}
+
+namespace {
+// nn::MultiheadAttention under the causal mask (is_causal): the dynamic twin of MultiheadSelfAttention<H, true>.
+struct causal_self_attention : nn::Module {
+  causal_self_attention(index_t width, index_t heads) {
+    attn = register_module("attn", nn::MultiheadAttention(width, heads, {.batch_first = true}));
+  }
+  nn::Variable forward(const nn::Variable& x) override {
+    return attn->forward(x, x, x,
+                         {.need_weights = false,
+                          .attn_mask = nn::generate_square_subsequent_mask(x.shape()[1]),
+                          .is_causal = true})
+        .first;
+  }
+  std::shared_ptr<nn::MultiheadAttention> attn;
+};
+}  // namespace
+
+TEST_CASE("MultiheadSelfAttention: static mode's self-attention trains as nn::MultiheadAttention, bit for bit") {
+  random_generator rng(11);
+  Tensor<float> x(shape{3, 7, 16});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  const Tensor<std::int64_t> y(shape{3}, {4, 0, 2});
+  SUBCASE("no mask: the one-argument forward, PyTorch's names and initial values") {
+    using Net = Sequential<policy::cpu, Input<7, 16>, MultiheadSelfAttention<4>, Flatten, Dense<5>>;
+    Net net(3, 21);
+    manual_seed(21);
+    auto model = nn::Sequential(nn::MultiheadAttention(16, 4, {.batch_first = true}), nn::Flatten(),
+                                nn::Linear(7 * 16, 5));
+    const auto static_dict = net.state_dict(), dynamic_dict = model.state_dict();
+    REQUIRE(static_dict.size() == dynamic_dict.size());
+    for (std::size_t i = 0; i < static_dict.size(); ++i) {
+      CAPTURE(dynamic_dict[i].first);
+      CHECK(static_dict[i].first == dynamic_dict[i].first);  // "0.in_proj_weight" ... "0.out_proj.bias", "2.weight"
+      CHECK(std::equal(static_dict[i].second.span().begin(), static_dict[i].second.span().end(),
+                       dynamic_dict[i].second.span().begin()));
+    }
+    check_same_losses(net, model, {x, y}, 20, {.lr = 1e-2}, [](auto&, auto&) {});
+  }
+  SUBCASE("causal: as is_causal with the causal mask") {
+    using Net = Sequential<policy::cpu, Input<7, 16>, MultiheadSelfAttention<2, true>, Flatten, Dense<5>>;
+    Net net(3, 5);
+    auto model = nn::Sequential(causal_self_attention(16, 2), nn::Flatten(), nn::Linear(7 * 16, 5));
+    nn::Module::state_dict_type renamed;
+    for (const auto& [name, tensor] : net.state_dict())
+      renamed.emplace_back(name.rfind("0.", 0) == 0 ? "0.attn." + name.substr(2) : name, tensor);
+    model.load_state_dict(renamed);
+    check_same_losses(net, model, {x, y}, 20, {.lr = 1e-2}, [](auto&, auto&) {});
+    // The future does not reach the past: position 0's output ignores positions 1 to 6.
+    Tensor<float> changed = x;
+    for (index_t i = 16; i < 7 * 16; ++i) changed[i] += 1.0f;
+    using Trunk = Sequential<policy::cpu, Input<7, 16>, MultiheadSelfAttention<2, true>>;
+    Trunk trunk(3, 5);
+    const Tensor<float> a(trunk.predict(x.view())), b(trunk.predict(changed.view()));
+    for (index_t i = 0; i < 16; ++i) CHECK(a[i] == b[i]);
+  }
 }
