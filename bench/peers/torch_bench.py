@@ -296,6 +296,20 @@ def run_mnist(system):
     C.result(system, VERSION, "mnist_mlp", args.threads, step_t, float(np.median(data_t)), final)
 
 
+def cycling(loader):
+    """batch(b): the loader's next batch, starting it over when it runs out (b is ignored: batches come in order)."""
+    it = [iter(loader)]
+
+    def batch(b):
+        try:
+            return next(it[0])
+        except StopIteration:
+            it[0] = iter(loader)
+            return next(it[0])
+
+    return batch
+
+
 def run_batches(system, workload):
     """mnist_cnn, lstm and resnet (on Fashion-MNIST) as bench/ladder times them: the first BATCHES[workload]
     batches of 64 of one seeded epoch, cycled; warmup_steps untimed steps (the first one, compilation included,
@@ -317,14 +331,7 @@ def run_batches(system, workload):
         g.manual_seed(0)
         loader = torch.utils.data.DataLoader(MnistDataset(images[sub], labels[sub], shape, normalise=(mean, std)),
                                              batch_size=bs, shuffle=True, num_workers=0, generator=g)
-        it = [iter(loader)]
-
-        def batch(b):
-            try:
-                return next(it[0])
-            except StopIteration:  # the next epoch of the nb batches
-                it[0] = iter(loader)
-                return next(it[0])
+        batch = cycling(loader)  # the next epoch of the nb batches after the last
     else:
         t_load = now()
         X = torch.from_numpy(C.normalise_mnist(images, mean, std)).view(-1, *shape)
@@ -379,14 +386,7 @@ def run_transformer(system):
     tutorial = system == "pytorch_tutorial"
     if tutorial:
         loader = torch.utils.data.DataLoader(TextWindows(x, y), batch_size=bs, shuffle=False, num_workers=0)
-        it = [iter(loader)]
-
-        def batch(b):
-            try:
-                return next(it[0])
-            except StopIteration:  # the next pass over the nb batches
-                it[0] = iter(loader)
-                return next(it[0])
+        batch = cycling(loader)  # the next pass over the nb batches after the last
     else:
         X, Y = torch.from_numpy(x), torch.from_numpy(y)
 

@@ -25,7 +25,7 @@
 #include "kiln/core/random.hpp"
 #include "kiln/core/static_shape.hpp"
 #include "kiln/core/tensor_init.hpp"
-#include "kiln/kernels/cpu/attention.hpp"
+#include "kiln/kernels/attention_dispatch.hpp"
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/layer_context.hpp"
 #include "kiln/layers/parameter_info.hpp"
@@ -33,19 +33,6 @@
 namespace kiln {
 
 namespace self_attention_detail {
-
-template <class P, class T>
-concept own_attention_kernel = requires(const kernels::cpu::attention_problem<T>& p, T* out, const T* in,
-                                        const kernels::cpu::attention_grad<T>& g) {
-  P::attention_forward(p, out, out);
-  P::attention_backward(p, in, in, in, g, g, g);
-};
-
-template <class P>
-kernels::cpu::product_precision product_precision_of() {
-  if constexpr (requires { P::gemm_precision(); }) return P::gemm_precision();
-  else return kernels::cpu::product_precision::single;
-}
 
 template <class In>
 constexpr index_t extent(std::size_t d) {
@@ -101,15 +88,14 @@ struct MultiheadSelfAttention {
 
     template <class Policy, class T>
     static void forward(const T* params, T*, const T* x, T* y, T* scratch, const layer_context& ctx, bool) {
-      static_assert(Policy::host_accessible || self_attention_detail::own_attention_kernel<Policy, T>,
+      static_assert(Policy::host_accessible || kernels::has_attention_kernel<Policy, T>,
                     "kiln::MultiheadSelfAttention: this policy has no attention kernel of its own");
       const index_t n = ctx.batch, rows = n * length;
       const regions<T> r(scratch, n);
       dense_forward<Policy>(x, params, params + in_weight, r.qkv, rows, width, 3 * width);
       split_heads(r.qkv, r.heads, n);
       const kernels::cpu::attention_problem<T> p = problem<Policy>(r, n);
-      if constexpr (self_attention_detail::own_attention_kernel<Policy, T>) Policy::attention_forward(p, r.out, r.lse);
-      else kernels::cpu::attention_forward(p, r.out, r.lse);
+      kernels::attention_kernel<Policy, T>::forward(p, r.out, r.lse);
       merge_heads(r.out, r.merged, n);
       dense_forward<Policy>(r.merged, out_weight_of(params), out_bias_of(params), y, rows, width, width);
     }
@@ -128,10 +114,7 @@ struct MultiheadSelfAttention {
       const index_t part = n * sequence;
       const kernels::cpu::attention_grad<T> dq{r.grads, false}, dk{r.grads + part, false},
           dv{r.grads + 2 * part, false};
-      if constexpr (self_attention_detail::own_attention_kernel<Policy, T>)
-        Policy::attention_backward(p, r.out, r.lse, dout, dq, dk, dv);
-      else
-        kernels::cpu::attention_backward(p, r.out, r.lse, dout, dq, dk, dv);
+      kernels::attention_kernel<Policy, T>::backward(p, r.out, r.lse, dout, dq, dk, dv);
       T* dqkv = r.qkv;  // the merged output's gradient and its heads' are used up
       merge_one(r.grads, dqkv, n, 3 * width, 0);
       merge_one(r.grads + part, dqkv, n, 3 * width, width);
@@ -216,7 +199,7 @@ struct MultiheadSelfAttention {
       p.head_dim = p.value_dim = head_dim;
       p.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(head_dim)));
       p.causal = Causal;
-      p.precision = self_attention_detail::product_precision_of<Policy>();
+      p.precision = kernels::product_precision_of<Policy>();
       return p;
     }
   };

@@ -27,7 +27,7 @@
 #include "kiln/dynamic/functional/shape.hpp"
 #include "kiln/dynamic/functional/softmax.hpp"
 #include "kiln/kernels/attention_math.hpp"
-#include "kiln/kernels/cpu/attention.hpp"
+#include "kiln/kernels/attention_dispatch.hpp"
 #include "kiln/kernels/strided.hpp"
 
 namespace kiln::nn {
@@ -58,14 +58,6 @@ basic_attention_mask<T> bool_mask(const basic_variable<T>& v) {
 
 namespace detail {
 
-// Whether a policy brings an attention kernel of its own.
-template <class P, class T>
-concept has_attention_kernel = requires(const kernels::cpu::attention_problem<T>& p, T* out, const T* in,
-                                        const kernels::cpu::attention_grad<T>& g) {
-  P::attention_forward(p, out, out);
-  P::attention_backward(p, in, in, in, g, g, g);
-};
-
 // The tape's record of one attention: the shapes and options, the mask (kept alive), its per-batch offsets, the
 // forward's log-sum-exp. q and k are the entry's inputs, v the state's.
 template <class T>
@@ -76,26 +68,8 @@ struct attention_state : saved_state<T> {
   basic_variable<T> lse;
 };
 
-// The precision of a CPU policy's products (policy::cpu's gemm_precision), for the tiles' products.
-template <class P>
-kernels::cpu::product_precision product_precision_of() {
-  if constexpr (requires { P::gemm_precision(); }) return P::gemm_precision();
-  else return kernels::cpu::product_precision::single;
-}
-
-template <class T, class P = dynamic_policy>
-struct attention_kernel {
-  static void forward(const kernels::cpu::attention_problem<T>& p, T* out, T* lse) {
-    if constexpr (has_attention_kernel<P, T>) P::attention_forward(p, out, lse);
-    else kernels::cpu::attention_forward(p, out, lse);
-  }
-  static void backward(const kernels::cpu::attention_problem<T>& p, const T* out, const T* lse, const T* dout,
-                       const kernels::cpu::attention_grad<T>& dq, const kernels::cpu::attention_grad<T>& dk,
-                       const kernels::cpu::attention_grad<T>& dv) {
-    if constexpr (has_attention_kernel<P, T>) P::attention_backward(p, out, lse, dout, dq, dk, dv);
-    else kernels::cpu::attention_backward(p, out, lse, dout, dq, dk, dv);
-  }
-};
+template <class T>
+using attention_kernel = kernels::attention_kernel<dynamic_policy, T>;
 
 template <class T>
 void attention_backward_entry(const tape_entry<T>& e) {
@@ -211,7 +185,7 @@ basic_variable<T> scaled_dot_product_attention(const basic_variable<T>& query, c
     fail(op, ": attn_mask of shape ", attn_mask.values.shape(), " does not broadcast to the scores' shape ",
          scores_shape);
 
-  if constexpr (!dynamic_policy::host_accessible && !detail::has_attention_kernel<dynamic_policy, T>) {
+  if constexpr (!dynamic_policy::host_accessible && !kernels::has_attention_kernel<dynamic_policy, T>) {
     return detail::attention_reference(q, k, v, attn_mask, p_drop, is_causal, scale_value, generator);
   } else {
     const index_t b_dim = batch.numel();
@@ -227,7 +201,7 @@ basic_variable<T> scaled_dot_product_attention(const basic_variable<T>& query, c
     p.value_dim = ev_dim;
     p.scale = scale_value;
     p.causal = is_causal;
-    p.precision = detail::product_precision_of<dynamic_policy>();
+    p.precision = kernels::product_precision_of<dynamic_policy>();
     if (attn_mask.defined()) {
       p.mask_kind = attn_mask.boolean ? kernels::attention_mask_kind::boolean : kernels::attention_mask_kind::additive;
       index_t stride[kiln::shape::max_rank] = {};
