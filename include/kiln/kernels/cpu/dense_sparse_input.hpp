@@ -672,8 +672,6 @@ struct sparse_input_kernels {
   // several, shared out by chunk_ranges. parts: the team's listings of x in row order. Returns whether x qualified.
   template <class Part>
   static bool listed_then_over_outputs(const float* x, index_t batch, index_t in, index_t out, Part&& part) {
-    constexpr index_t block = 16 * sparse_input_detail::max_vectors;
-    const index_t chunks = (out + block - 1) / block;
     const int threads = int(std::min<index_t>({num_threads(), out / 16, batch, max_listing_threads}));
     const sparse_input* parts[max_listing_threads] = {};
     if (threads <= 1) {
@@ -683,8 +681,9 @@ struct sparse_input_kernels {
       return true;
     }
 #if defined(_OPENMP)
+    constexpr index_t block = 16 * sparse_input_detail::max_vectors;
     bool qualified = false;
-    chunk_ranges ranges(threads, chunks);
+    chunk_ranges ranges(threads, (out + block - 1) / block);
 #pragma omp parallel num_threads(threads)
     {
       const int team = omp_get_num_threads(), id = omp_get_thread_num();
