@@ -85,6 +85,11 @@ def build_net(workload):
         model = resnet()
     else:
         model = LstmNet()
+    return with_initial_weights(model, workload)
+
+
+def with_initial_weights(model, workload):
+    """model, its parameters set from common.init_tensors(workload) in order (the shapes checked)."""
     params, init = list(model.parameters()), C.init_tensors(workload)
     assert [tuple(p.shape) for p in params] == [a.shape for a in init], workload
     with torch.no_grad():
@@ -135,13 +140,7 @@ class TinyGPT(nn.Module):
 
 def build(workload):
     if workload == "transformer":
-        model = TinyGPT()
-        params, init = list(model.parameters()), C.init_tensors(workload)
-        assert [tuple(p.shape) for p in params] == [a.shape for a in init], workload
-        with torch.no_grad():
-            for p, a in zip(params, init):
-                p.copy_(torch.from_numpy(a))
-        return model
+        return with_initial_weights(TinyGPT(), workload)
     if workload in C.BATCHES:
         return build_net(workload)
     sz = C.layer_sizes(workload)

@@ -23,10 +23,12 @@
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/checkpoint.hpp"
 #include "kiln/kiln.hpp"
+#include "relative_difference.hpp"
 #include "kiln/train.hpp"
 
 using namespace kiln;
 namespace dist = kiln::distributed;
+using kiln::test::max_relative_difference;
 
 namespace {
 
@@ -62,15 +64,6 @@ constexpr index_t steps_per_epoch = samples / global_batch;
 std::span<const index_t> step_indices(const std::vector<index_t>& order, index_t step, index_t batch) {
   return std::span<const index_t>(order).subspan(static_cast<std::size_t>((step % steps_per_epoch) * batch),
                                                  static_cast<std::size_t>(batch));
-}
-
-// The largest difference between two sets of values, relative to the values' size.
-double max_relative_difference(std::span<const float> a, std::span<const float> b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1.0 + std::abs(double(b[i]))));
-  return worst;
 }
 
 // Whether every rank holds exactly rank 0's values.

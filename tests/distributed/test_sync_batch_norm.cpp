@@ -17,9 +17,11 @@
 #include "kiln/distributed.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
+#include "relative_difference.hpp"
 
 using namespace kiln;
 namespace dist = kiln::distributed;
+using kiln::test::max_relative_difference;
 
 namespace {
 
@@ -42,13 +44,6 @@ Tensor<float> rows_of(const Tensor<float>& x, index_t first, index_t count) {
   return out;
 }
 
-double max_relative_difference(std::span<const float> a, std::span<const float> b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1.0 + std::abs(double(b[i]))));
-  return worst;
-}
 std::span<const float> values(const nn::Variable& v) { return {v.data(), static_cast<std::size_t>(v.numel())}; }
 
 // Linear -> (Sync)BatchNorm -> ReLU -> Linear, the normalisation given.

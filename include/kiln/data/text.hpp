@@ -68,7 +68,7 @@ inline std::size_t validation_cut(std::span<const std::uint8_t> text, double val
 inline std::vector<std::uint8_t> read_text_file(const std::filesystem::path& path,
                                                 const text_corpus_options& options = {}) {
   byte_source source(path, "text file");
-  std::vector<unsigned char> bytes;
+  std::vector<std::uint8_t> bytes;  // unsigned char: byte_source's own type
   if (auto size = source.known_size()) {
     if (*size > options.max_bytes)
       fail(path.string(), ": ", *size, " bytes of text, more than the limit of ", options.max_bytes,
@@ -83,7 +83,7 @@ inline std::vector<std::uint8_t> read_text_file(const std::filesystem::path& pat
       bytes.insert(bytes.end(), chunk, chunk + got);
     }
   }
-  return {bytes.begin(), bytes.end()};
+  return bytes;
 }
 
 // The corpus in `path`: every regular file directly inside it (in name order, hidden files skipped), or the one file

@@ -174,7 +174,8 @@ class basic_transformer_encoder_layer : public basic_module<T> {
 
 // The decoder-only block of a language model (GPT's): a TransformerEncoderLayer that attends only to the present and
 // the past. Its parameters have TransformerEncoderLayer's names, so a PyTorch TransformerEncoderLayer's state_dict
-// loads; the one-argument forward applies the causal mask (the tiled kernel's causal path, no [L, L] mask built).
+// loads. The one-argument forward passes MultiheadAttention the [L, L] causal mask PyTorch requires beside is_causal;
+// the attention checks its shape only and takes the tiled kernel's causal path, which never reads it.
 template <class T>
 class basic_causal_transformer_layer : public basic_transformer_encoder_layer<T> {
  public:
