@@ -174,6 +174,13 @@ void view_as_images(const std::vector<Tensor<float>>& xs, const std::vector<Tens
   }
 }
 
+// Static mode's rungs: the options each adds.
+struct static_rung {
+  int number;
+  const char* name;
+  static_options options;
+};
+
 template <class StaticNet, class Target, class Loss>
 std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::function<nn::Sequential()> make_dynamic,
                              batch_set<Target>& batches, Loss loss, std::vector<std::shared_ptr<void>>& keep) {
@@ -196,14 +203,9 @@ std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::functio
                        return l.item();
                      }});
   }
-  struct rung_spec {
-    int number;
-    const char* name;
-    static_options options;
-  };
-  for (auto spec : {rung_spec{3, "static unfused", {.fuse_epilogues = false, .flat_parameters = false}},
-                    rung_spec{4, "static + fused epilogues", {.fuse_epilogues = true, .flat_parameters = false}},
-                    rung_spec{5, "static + flat parameters", {.fuse_epilogues = true, .flat_parameters = true}}}) {
+  for (auto spec : {static_rung{3, "static unfused", {.fuse_epilogues = false, .flat_parameters = false}},
+                    static_rung{4, "static + fused epilogues", {.fuse_epilogues = true, .flat_parameters = false}},
+                    static_rung{5, "static + flat parameters", {.fuse_epilogues = true, .flat_parameters = true}}}) {
     auto net = std::make_shared<StaticNet>(max_batch, seed, spec.options);
     auto opt = std::make_shared<optim::Adam>(optim::adam_options{.lr = 1e-3});
     keep.push_back(net);
@@ -227,9 +229,10 @@ std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::functio
   return rungs;
 }
 
-// The transformer's rungs, dynamic mode only: examples/tiny_gpt's model at its default size from seed 1, AdamW(lr 2e-3, weight decay 0.01), the mean
-// cross-entropy of the logits [N, L, 256] against the next tokens over all N * L positions; without and with the
-// caching allocator.
+// The transformer's rungs: examples/tiny_gpt's model at its default size from seed 1, AdamW(lr 2e-3, weight decay
+// 0.01), the mean cross-entropy of the logits [N, L, 256] against the next tokens over all N * L positions; in dynamic
+// mode without and with the caching allocator, then static mode's StaticTinyGPT (the same weights from the same
+// seed) with the static rungs' options.
 std::vector<rung> make_transformer_rungs(batch_set<std::int64_t>& batches, std::vector<std::shared_ptr<void>>& keep) {
   std::vector<rung> rungs;
   for (bool caching : {false, true}) {
@@ -250,6 +253,20 @@ std::vector<rung> make_transformer_rungs(batch_set<std::int64_t>& batches, std::
                        l.backward();
                        opt->step();
                        return l.item();
+                     }});
+  }
+  using StaticGpt = examples::StaticTinyGPT<4, 128, 4, 128>;
+  static_assert(examples::gpt_options{}.layers == 4 && examples::gpt_options{}.width == 128 &&
+                examples::gpt_options{}.heads == 4 && examples::gpt_options{}.context == 128);
+  for (auto spec : {static_rung{3, "static unfused", {.fuse_epilogues = false, .flat_parameters = false}},
+                    static_rung{4, "static + fused epilogues", {.fuse_epilogues = true, .flat_parameters = false}},
+                    static_rung{5, "static + flat parameters", {.fuse_epilogues = true, .flat_parameters = true}}}) {
+    auto net = std::make_shared<StaticGpt>(32, 1, spec.options);
+    auto opt = std::make_shared<optim::AdamW>(optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
+    keep.push_back(net);
+    keep.push_back(opt);
+    rungs.push_back({spec.number, spec.name, [net, opt, &batches](std::size_t b) {
+                       return net->train_step(batches.x[b], batches.y[b], loss::cross_entropy{}, *opt);
                      }});
   }
   return rungs;
@@ -545,10 +562,9 @@ int main(int argc, char** argv) try {
       b.x_var.emplace_back(ids[k]);
     }
     auto rungs = make_transformer_rungs(b, keep);
-    // Two steps of loss check, enough for rungs that differ in the allocator alone: the second step already reuses
-    // the blocks the first one freed.
+    // The loss check covers each of the 8 batches once: static and dynamic mode train alike from the first step.
     ok &= run_workload("transformer", rungs, b, quick ? 3 : 10, reps, threads,
-                       "tiny GPT, 4 layers of width 128, batch 32 x 128 bytes, CE, AdamW", 2);
+                       "tiny GPT, 4 layers of width 128, batch 32 x 128 bytes, CE, AdamW", 8);
   }
   nn::set_caching_allocator(true);
   return ok ? 0 : 1;

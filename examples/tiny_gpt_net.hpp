@@ -1,14 +1,18 @@
 // examples/tiny_gpt's model, shared with bench/ladder's transformer workload: a decoder-only transformer over byte
 // tokens. ids [N, L] (whole numbers) -> Embedding(256, width) + a learned position table -> layers x
 // CausalTransformerLayer(width, heads, feed-forward 4 width, GELU, batch_first, norm_first) -> LayerNorm ->
-// Linear(width, 256): next-token logits [N, L, 256].
+// Linear(width, 256): next-token logits [N, L, 256]. StaticTinyGPT is the same model in static mode, its sizes fixed
+// at compile time: from one seed both have the same weights and train to the same losses.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kiln/data/text.hpp"
 #include "kiln/dynamic/nn.hpp"
+#include "kiln/kiln.hpp"
 
 namespace kiln::examples {
 
@@ -39,5 +43,26 @@ struct TinyGPT : nn::Module {
   std::shared_ptr<nn::TransformerEncoder> trunk;
   std::shared_ptr<nn::Linear> head;
 };
+
+namespace detail {
+template <class Policy, index_t Width, index_t Heads, index_t Context, class Blocks>
+struct static_gpt;
+template <class Policy, index_t Width, index_t Heads, index_t Context, std::size_t... Block>
+struct static_gpt<Policy, Width, Heads, Context, std::index_sequence<Block...>> {
+  template <std::size_t>
+  using block = CausalTransformerLayer<Heads, 4 * Width,
+                                       transformer_layer_options{.feed_forward_activation = activation::gelu,
+                                                                 .norm_first = true}>;
+  using type = Sequential<Policy, Input<Context>, Embedding<data::byte_vocabulary::size, Width>,
+                          LearnedPositionalEmbedding<Context>, block<Block>..., LayerNorm<Width>,
+                          TimeDistributed<Dense<data::byte_vocabulary::size>>>;
+};
+}  // namespace detail
+
+// TinyGPT with gpt_options{Layers, Width, Heads, Context} in static mode: ids [N, Context] -> logits [N, Context, 256],
+// trained with one label per position (the next token).
+template <index_t Layers, index_t Width, index_t Heads, index_t Context, class Policy = policy::cpu>
+using StaticTinyGPT =
+    typename detail::static_gpt<Policy, Width, Heads, Context, std::make_index_sequence<std::size_t(Layers)>>::type;
 
 }  // namespace kiln::examples

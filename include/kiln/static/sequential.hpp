@@ -137,8 +137,11 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   Tensor<T> predict(resident_t, tensor_view<const T> x) { return predict_chunks(x, true); }
 
   // One training step: forward, loss and its gradient, backward, optimizer update. Returns the loss.
-  // target holds integer labels for cross-entropy and values of the output's shape for the other losses. x and
-  // target are host data; the optimizer must use the model's policy.
+  // target holds values of the output's shape for the regression losses, and integer labels for cross-entropy and
+  // nll: one per sample ([N]: the output's values are the classes), or, for an output of rank 2 or more, one per
+  // position ([N, L] for an output [L, C]: the classes are the last axis, as Keras' sparse cross-entropy and a
+  // language model's next-token loss take them; the loss is the mean over every position). x and target are host
+  // data; the optimizer must use the model's policy.
   template <class Loss, class Optimizer>
   T train_step(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
                const Loss& loss, Optimizer& optimizer) {
@@ -175,11 +178,11 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
                           tensor_view<const typename Loss::template target_type<T>> target, const Loss& loss,
                           Optimizer& optimizer, T* loss_out) {
     index_t batch = check_input(x, "Sequential::enqueue_train_step");
-    check_target<Loss>(target, batch);
+    const loss_rows rows = check_target<Loss>(target, batch);
     layer_context ctx{batch, true};
     run_forward(x.data(), ctx);
-    loss.template forward_backward_into<Policy>(output_pointer(), target.data(), executor_.output_gradient(), batch,
-                                                output_shape::size, loss_out);
+    loss.template forward_backward_into<Policy>(output_pointer(), target.data(), executor_.output_gradient(),
+                                                rows.count, rows.size, loss_out);
     run_backward(ctx);
     update(optimizer);
   }
@@ -189,8 +192,8 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   T forward_backward(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
                      const Loss& loss) {
     index_t batch = check_input(x, "Sequential::train_step");
-    check_target<Loss>(target, batch);
-    return forward_backward_batch(stage_input(x, batch), stage_target(target), batch, loss);
+    const loss_rows rows = check_target<Loss>(target, batch);
+    return forward_backward_batch(stage_input(x, batch), stage_target(target), batch, rows, loss);
   }
   // The same, calling ready(first, count) as soon as a layer's backward has finished its gradients: values [first,
   // first + count) of gradient_values() are then final (the last layer's first; count > 0). Data-parallel training
@@ -200,15 +203,15 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   T forward_backward(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
                      const Loss& loss, Ready&& ready) {
     index_t batch = check_input(x, "Sequential::train_step");
-    check_target<Loss>(target, batch);
-    return forward_backward_batch(stage_input(x, batch), stage_target(target), batch, loss, ready);
+    const loss_rows rows = check_target<Loss>(target, batch);
+    return forward_backward_batch(stage_input(x, batch), stage_target(target), batch, rows, loss, ready);
   }
   template <class Loss>
   T forward_backward(resident_t, tensor_view<const T> x,
                      tensor_view<const typename Loss::template target_type<T>> target, const Loss& loss) {
     index_t batch = check_input(x, "Sequential::train_step");
-    check_target<Loss>(target, batch);
-    return forward_backward_batch(x.data(), target.data(), batch, loss);
+    const loss_rows rows = check_target<Loss>(target, batch);
+    return forward_backward_batch(x.data(), target.data(), batch, rows, loss);
   }
 
   // The loss on a batch in evaluation mode, without gradients.
@@ -216,15 +219,15 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   T loss_value(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
                const Loss& loss) {
     index_t batch = check_input(x, "Sequential::loss_value");
-    check_target<Loss>(target, batch);
-    return loss_value_batch(stage_input(x, batch), stage_target(target), batch, loss);
+    const loss_rows rows = check_target<Loss>(target, batch);
+    return loss_value_batch(stage_input(x, batch), stage_target(target), batch, rows, loss);
   }
   template <class Loss>
   T loss_value(resident_t, tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
                const Loss& loss) {
     index_t batch = check_input(x, "Sequential::loss_value");
-    check_target<Loss>(target, batch);
-    return loss_value_batch(x.data(), target.data(), batch, loss);
+    const loss_rows rows = check_target<Loss>(target, batch);
+    return loss_value_batch(x.data(), target.data(), batch, rows, loss);
   }
 
   // What the optimizer updates: one slot for the whole flat buffer, or one per parameter tensor when
@@ -281,6 +284,13 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
     }
   }
 
+  // The rows a loss sees: `count` rows of `size` values (the classes, for labels).
+  struct loss_rows {
+    index_t count, size;
+  };
+  // Labels per sample when there is one per position of an output of rank 2 or more (its last axis the classes).
+  static constexpr index_t positions =
+      output_shape::rank >= 2 ? output_shape::size / output_shape::extents[output_shape::rank - 1] : 1;
   // Device policies read host batches from staging buffers of max_batch samples: inputs, real-valued targets and
   // integer labels (which one a loss needs is known only at train_step, and each is small), plus a host copy of the
   // output for metrics. CPU policies read host data in place and plan none of them.
@@ -288,7 +298,7 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
     if constexpr (!host_accessible) {
       input_stage_ = policy_buffer<T>(max_batch_ * input_shape::size);
       target_stage_ = policy_buffer<T>(max_batch_ * output_shape::size);
-      label_stage_ = policy_buffer<std::int64_t>(max_batch_);
+      label_stage_ = policy_buffer<std::int64_t>(max_batch_ * positions);
       output_host_ = aligned_buffer<T>(max_batch_ * output_shape::size);
     }
   }
@@ -325,21 +335,22 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
     void operator()(index_t, index_t) const {}
   };
   template <class Loss, class Target, class Ready = no_gradient_hook>
-  T forward_backward_batch(const T* x, const Target* target, index_t batch, const Loss& loss, Ready&& ready = {}) {
+  T forward_backward_batch(const T* x, const Target* target, index_t batch, loss_rows rows, const Loss& loss,
+                           Ready&& ready = {}) {
     layer_context ctx{batch, true};
     run_forward(x, ctx);
-    T value = loss.template forward_backward<Policy>(output_pointer(), target, executor_.output_gradient(), batch,
-                                                     output_shape::size);
+    T value = loss.template forward_backward<Policy>(output_pointer(), target, executor_.output_gradient(),
+                                                     rows.count, rows.size);
     if (profile_) profile_lap(profile_->loss_seconds);
     run_backward(ctx, ready);
     return value;
   }
   template <class Loss, class Target>
-  T loss_value_batch(const T* x, const Target* target, index_t batch, const Loss& loss) {
+  T loss_value_batch(const T* x, const Target* target, index_t batch, loss_rows rows, const Loss& loss) {
     layer_context ctx{batch, false};
     run_forward(x, ctx);
-    return loss.template forward_backward<Policy>(output_pointer(), target, static_cast<T*>(nullptr), batch,
-                                                  output_shape::size);
+    return loss.template forward_backward<Policy>(output_pointer(), target, static_cast<T*>(nullptr), rows.count,
+                                                  rows.size);
   }
   template <class Optimizer>
   void update(Optimizer& optimizer) {
@@ -400,7 +411,7 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   T profiled_step(tensor_view<const T> x, tensor_view<const typename Loss::template target_type<T>> target,
                   const Loss& loss, Optimizer& optimizer, step_profile& profile, bool resident_batch) {
     index_t batch = check_input(x, "Sequential::train_step");
-    check_target<Loss>(target, batch);
+    const loss_rows rows = check_target<Loss>(target, batch);
     detail::prepare_profile(profile, plan::layer_names(), "Sequential::train_step");
     struct detach {  // the model stops timing when the step ends, also by an exception
       step_profile*& slot;
@@ -412,7 +423,7 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
     const T* staged_x = resident_batch ? x.data() : stage_input(x, batch);
     const auto* staged_target = resident_batch ? target.data() : stage_target(target);
     profile_lap(profile.staging_seconds);
-    T value = forward_backward_batch(staged_x, staged_target, batch, loss);
+    T value = forward_backward_batch(staged_x, staged_target, batch, rows, loss);
     update(optimizer);
     ++profile.steps;
     return value;
@@ -440,12 +451,23 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
     return batch;
   }
   template <class Loss, class Target>
-  void check_target(const tensor_view<const Target>& target, index_t batch) const {
-    index_t expected = std::is_integral_v<Target> ? batch : batch * output_shape::size;
-    if (target.numel() != expected)
-      fail(Loss::name, ": expected ", expected, std::is_integral_v<Target> ? " labels" : " target values",
-           " for a batch of ", batch, " with output ", output_shape::str(), ", found target of shape ",
-           target.shape());
+  loss_rows check_target(const tensor_view<const Target>& target, index_t batch) const {
+    if constexpr (std::is_integral_v<Target>) {
+      if (target.numel() == batch) return {batch, output_shape::size};
+      if (positions > 1 && target.numel() == batch * positions)
+        return {batch * positions, output_shape::extents[output_shape::rank - 1]};
+      if (positions > 1)
+        fail(Loss::name, ": expected ", batch, " labels (one per sample) or ", batch * positions,
+             " (one per position, the classes on the last axis) for a batch of ", batch, " with output ",
+             output_shape::str(), ", found labels of shape ", target.shape());
+      fail(Loss::name, ": expected ", batch, " labels for a batch of ", batch, " with output ", output_shape::str(),
+           ", found labels of shape ", target.shape());
+    } else {
+      if (target.numel() != batch * output_shape::size)
+        fail(Loss::name, ": expected ", batch * output_shape::size, " target values for a batch of ", batch,
+             " with output ", output_shape::str(), ", found target of shape ", target.shape());
+      return {batch, output_shape::size};
+    }
   }
 
   index_t max_batch_;

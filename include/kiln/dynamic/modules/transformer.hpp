@@ -210,6 +210,9 @@ class basic_transformer_encoder : public basic_module<T> {
       layers_container_->add(std::to_string(i), layer);
     }
     if (norm) this->norm = this->register_module("norm", norm);
+    // The norm, an argument, drew its init stream before the layers; handed out again in positional order, the
+    // layers' streams are those of a static Sequential of the same layers (layers/transformer_encoder_layer.hpp).
+    this->restore_construction_order();
   }
 
   variable forward(const variable& src, const forward_options& o) {
