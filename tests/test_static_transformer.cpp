@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../examples/tiny_gpt_net.hpp"
+#include "../examples/vit_net.hpp"
 #include "allocation_counter.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/kiln.hpp"
@@ -207,4 +208,60 @@ TEST_CASE("Tiny GPT: static and dynamic mode from one seed, the same weights and
   const long long before = kiln_test::heap_allocations.load();
   net.train_step(ids.view(), next.view(), loss::cross_entropy{}, static_opt);
   CHECK(kiln_test::heap_allocations.load() - before == 0);
+}
+
+TEST_CASE("Token layers: Patches cuts an image as dynamic mode's view-permute does, and its backward puts it back") {
+  using Bound = Patches<2>::bind<dims<3, 4, 6>>;
+  static_assert(std::is_same_v<Bound::output, dims<6, 12>>);
+  Tensor<float> image(shape{2, 3, 4, 6});
+  for (index_t i = 0; i < image.numel(); ++i) image[i] = static_cast<float>(i);
+  Tensor<float> tokens(shape{2, 6, 12}), back(shape{2, 3, 4, 6});
+  const layer_context ctx{2, true};
+  Bound::forward<policy::cpu, float>(nullptr, nullptr, image.data(), tokens.data(), nullptr, ctx, false);
+  // [N, C, H, W] -> [N, rows, cols, C, P, P] with nn's ops: the reference.
+  const nn::Variable cut = nn::permute(nn::view(nn::Variable(image), {2, 3, 2, 2, 3, 2}), {0, 2, 4, 1, 3, 5});
+  const nn::Variable reference = nn::reshape(cut, {2, 6, 12});
+  CHECK(std::equal(tokens.span().begin(), tokens.span().end(), reference.data()));
+  Bound::backward<policy::cpu, float>(nullptr, nullptr, nullptr, tokens.data(), back.data(), nullptr, nullptr, ctx);
+  CHECK(std::equal(back.span().begin(), back.span().end(), image.span().begin()));
+}
+
+TEST_CASE("ViT: static and dynamic mode from one seed, the same weights and the same losses over 20 steps") {
+  constexpr index_t layers = 1, width = 16, heads = 2, n = 4;
+  using Net = examples::StaticViT<layers, width, heads>;
+  Net net(n, 5);
+  manual_seed(5);
+  examples::VisionTransformer vit(width, heads, layers);
+  std::map<std::string, std::string> counterpart{{"1.weight", "embed.weight"},   {"1.bias", "embed.bias"},
+                                                 {"2.class_token", "class_token"}, {"3.weight", "positions.weight"},
+                                                 {"5.weight", "encoder.norm.weight"}, {"5.bias", "encoder.norm.bias"},
+                                                 {"7.weight", "head.weight"},     {"7.bias", "head.bias"}};
+  const auto dynamic_dict = vit.state_dict();
+  const auto static_dict = net.state_dict();
+  REQUIRE(static_dict.size() == dynamic_dict.size());
+  for (const auto& [name, tensor] : static_dict) {
+    const std::string twin = counterpart.contains(name) ? counterpart[name] : "encoder.layers.0." + name.substr(2);
+    CAPTURE(name);
+    const auto found = std::find_if(dynamic_dict.begin(), dynamic_dict.end(),
+                                    [&](const auto& entry) { return entry.first == twin; });
+    REQUIRE(found != dynamic_dict.end());
+    CHECK(found->second.shape() == tensor.shape());
+    CHECK(std::equal(tensor.span().begin(), tensor.span().end(), found->second.span().begin()));
+  }
+  random_generator rng(8);
+  Tensor<float> x(shape{n, 28, 28});
+  for (auto& v : x.span()) v = rng.normal<float>();
+  const Tensor<std::int64_t> y(shape{n}, {3, 1, 4, 1});
+  optim::AdamW static_opt({.lr = 1e-2});
+  optim::AdamW dynamic_opt(vit.parameters(), {.lr = 1e-2});
+  const nn::Variable input(x);
+  for (int step = 0; step < 20; ++step) {
+    CAPTURE(step);
+    const float s = net.train_step(x.view(), y.view(), loss::cross_entropy{}, static_opt);
+    dynamic_opt.zero_grad();
+    nn::Variable l = nn::cross_entropy(vit(input), y.span());
+    l.backward();
+    dynamic_opt.step();
+    REQUIRE(s == l.item());
+  }
 }

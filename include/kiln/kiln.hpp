@@ -34,6 +34,7 @@
 #include "kiln/layers/lstm.hpp"
 #include "kiln/layers/softmax.hpp"
 #include "kiln/layers/time_distributed.hpp"
+#include "kiln/layers/tokens.hpp"
 #include "kiln/layers/transformer_encoder_layer.hpp"
 #include "kiln/loss/losses.hpp"
 #include "kiln/optim/adagrad.hpp"
