@@ -63,13 +63,17 @@ void train_dynamic(nn::Module& model, shape in, index_t classes) {
   }
 }
 template <class Net>
-void static_case(const fs::path& dir, const std::string& name, Net& net, shape in, io::onnx_options options = {}) {
-  auto x = random_input(in, 5);
+void static_case(const fs::path& dir, const std::string& name, Net& net, const Tensor<float>& x,
+                 io::onnx_options options = {}) {
   io::export_onnx(net, dir / (name + ".onnx"), options);
   io::save_weights(net, dir / (name + ".safetensors"));
   write_floats(dir / (name + ".input.bin"), x);
   write_floats(dir / (name + ".output.bin"), net.predict(x));
   std::printf("wrote %s\n", name.c_str());
+}
+template <class Net>
+void static_case(const fs::path& dir, const std::string& name, Net& net, shape in, io::onnx_options options = {}) {
+  static_case(dir, name, net, random_input(in, 5), std::move(options));
 }
 // Adds N(0, scale^2) noise to every parameter, so that what starts at zero or one (the attention's in_proj_bias and
 // out_proj.bias, a LayerNorm's weight and bias) does not in the graph either.
@@ -82,6 +86,15 @@ void perturb_parameters(nn::Module& model, std::uint64_t seed, float scale = 0.1
     dict.emplace_back(name, std::move(t));
   }
   model.load_state_dict(dict, false);
+}
+// The same for a static model's parameters.
+template <class Net>
+void perturb_static(Net& net, std::uint64_t seed, float scale = 0.1f) {
+  random_generator rng(seed);
+  auto dict = net.state_dict();
+  for (auto& [name, t] : dict)
+    for (float& v : t.span()) v += scale * rng.normal<float>();
+  net.load_state_dict(dict);
 }
 // Token ids in [0, vocabulary) as floats, the input of a model starting with an nn::Embedding.
 Tensor<float> random_ids(shape s, index_t vocabulary, std::uint64_t seed) {
@@ -450,6 +463,25 @@ int main(int argc, char** argv) try {
         nn::Flatten(), nn::Linear(32, 3));
     perturb_parameters(vit, 48);
     dynamic_case(dir, "dynamic_transformer_vit", vit, shape{4, 4, 16}, {.input_shape = {4, 16}});
+
+    // Static mode's transformers (examples/tiny_gpt_net.hpp's and vit_net.hpp's models, smaller): a GPT from ids to
+    // logits [N, 10, 16] with causal pre-norm layers, and a post-norm relu ViT from images through patches, a class
+    // token, sinusoidal positions and token 0 to the classes.
+    constexpr transformer_layer_options causal_block{.feed_forward_activation = activation::gelu, .norm_first = true,
+                                                     .causal = true};
+    using static_gpt = Sequential<policy::cpu, Input<10>, Embedding<16, 8>, LearnedPositionalEmbedding<12>,
+                                  TransformerEncoderLayer<2, 32, causal_block>,
+                                  TransformerEncoderLayer<2, 32, causal_block>, LayerNorm<8>,
+                                  TimeDistributed<Dense<16>>>;
+    static_gpt sgpt(5, 49);
+    perturb_static(sgpt, 49);
+    static_case(dir, "static_tiny_gpt", sgpt, random_ids(shape{5, 10}, 16, 49));
+    using static_vit = Sequential<policy::cpu, Input<1, 8, 8>, Patches<4>, TimeDistributed<Dense<8, GELU>>,
+                                  ClassToken<>, SinusoidalPositionalEncoding<5>, TransformerEncoderLayer<2, 16>,
+                                  MultiheadSelfAttention<4, true>, LayerNorm<8>, SelectToken<0>, Dense<3>>;
+    static_vit svit(4, 50);
+    perturb_static(svit, 50);
+    static_case(dir, "static_transformer_vit", svit, shape{4, 1, 8, 8});
   } else if (what == "safetensors") {
     using mlp = Sequential<policy::cpu, Input<3, 4>, Flatten, Dense<8, ReLU>, Dense<5>>;
     mlp net(8, 21);

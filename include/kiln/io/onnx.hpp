@@ -30,7 +30,9 @@
 //   nn::TransformerEncoderLayer  its sublayers as above (self_attn, linear1, ReLU or GELU, linear2, norm1, norm2 as
 //                           LayerNorm) with an Add per residual, norm first or after;  nn::CausalTransformerLayer: the
 //                           same with a constant [L, L] mask (-inf above the diagonal) added to the scores
-//   nn::TransformerEncoder  its layers in turn, then its norm (if any)
+//   nn::TransformerEncoder  its layers in turn, then its norm (if any); static mode's TransformerEncoderLayer,
+//                           CausalTransformerLayer and MultiheadSelfAttention as their dynamic twins (and
+//                           Patches, ClassToken, SelectToken, TimeDistributed: see onnx_static_transformer.hpp)
 //   nn::Embedding           Cast of the float ids to int64 + Gather of the weight's rows (see onnx_embedding.hpp)
 //   nn::SinusoidalPositionalEncoding, nn::LearnedPositionalEmbedding   Slice of the table's first L rows (the whole
 //                           table is the initializer) + Add (a Reshape to [L, 1, E] first for a time-major sequence)
@@ -59,6 +61,7 @@
 #include "kiln/io/onnx_builder.hpp"
 #include "kiln/io/onnx_cnn.hpp"
 #include "kiln/io/onnx_recurrent.hpp"
+#include "kiln/io/onnx_static_transformer.hpp"
 #include "kiln/layers/activation.hpp"
 #include "kiln/layers/dense.hpp"
 #include "kiln/layers/flatten.hpp"
