@@ -17,6 +17,7 @@
 #include "kiln/core/cuda/pinned_buffer.cuh"
 #include "kiln/core/cuda/stream.cuh"
 #include "kiln/kernels/cuda/adam_capturable.cuh"
+#include "kiln/kernels/cuda/attention.cuh"
 #include "kiln/kernels/cuda/dropout.cuh"
 #include "kiln/kernels/cuda/elementwise.cuh"
 #include "kiln/kernels/cuda/gemm.cuh"
@@ -64,6 +65,7 @@ struct cuda : kernels::cuda::elementwise_kernels,
               kernels::cuda::cnn_kernels,
               kernels::cuda::recurrent_kernels,
               kernels::cuda::tensor_kernels,  // dynamic mode's general tensor ops
+              kernels::cuda::attention_kernels,  // attention without the score matrix (both modes)
               cuda_gemm<kernels::cuda::gemm_math::fp32> {  // FP32 products for float, no TF32
   static constexpr const char* name = "cuda";
 

@@ -672,3 +672,72 @@ TEST_CASE("what cuBLASLt's own GELU epilogue computes (why kiln runs its exact G
                                                                 << tanh_error);
   CHECK(std::min(exact_error, tanh_error) < 1e-3);
 }
+
+// Attention (kernels/cuda/attention.cuh) against the CPU's tiled kernel: lengths that fill no tile, every mask kind,
+// causal or not, dropout (the same draws), and gradients that are written or added to what is there.
+TEST_CASE_TEMPLATE("attention forward and backward, every mask kind, causal and dropout", T, float, double) {
+  const double tol = std::is_same_v<T, float> ? 2e-4 : 1e-10;
+  struct shape_case {
+    index_t batch, queries, keys, head_dim, value_dim;
+    bool causal;
+    kernels::attention_mask_kind mask;
+    double dropout;
+  };
+  using kernels::attention_mask_kind;
+  for (const shape_case c : {shape_case{3, 37, 45, 24, 40, false, attention_mask_kind::none, 0.0},
+                             shape_case{2, 50, 50, 32, 32, true, attention_mask_kind::none, 0.0},
+                             shape_case{4, 19, 33, 16, 8, false, attention_mask_kind::boolean, 0.0},
+                             shape_case{2, 40, 40, 64, 64, true, attention_mask_kind::additive, 0.0},
+                             shape_case{2, 21, 29, 8, 12, false, attention_mask_kind::none, 0.25}}) {
+    CAPTURE(c.queries);
+    CAPTURE(c.causal);
+    const index_t B = c.batch, L = c.queries, S = c.keys, E = c.head_dim, Ev = c.value_dim;
+    const auto q = random_values<T>(B * L * E, 1), k = random_values<T>(B * S * E, 2),
+               v = random_values<T>(B * S * Ev, 3), dout = random_values<T>(B * L * Ev, 4);
+    // A [L, S] mask shared by every batch entry (offsets 0): keeps about 3 keys in 4, or adds values in [-2, 0).
+    auto mask = random_values<T>(L * S, 5, T(-2), T(0));
+    if (c.mask == attention_mask_kind::boolean)
+      for (auto& m : mask) m = m > T(-1.5) ? T(1) : T(0);
+    const std::vector<index_t> offsets(static_cast<std::size_t>(B), 0);
+    kernels::cpu::attention_problem<T> p;
+    p.batch = B;
+    p.queries = L;
+    p.keys = S;
+    p.head_dim = E;
+    p.value_dim = Ev;
+    p.scale = T(1) / std::sqrt(T(E));
+    p.causal = c.causal;
+    p.mask_kind = c.mask;
+    p.mask_offset = offsets.data();
+    p.mask_row_stride = S;
+    p.mask_col_stride = 1;
+    p.dropout = kernels::attention_dropout::make(c.dropout, random_stream_position_of(random_generator(9)));
+    // The CPU's results.
+    std::vector<T> out(static_cast<std::size_t>(B * L * Ev)), lse(static_cast<std::size_t>(B * L)),
+        dq(q.size()), dk(k.size()), dv(v.size(), T(0.5));
+    p.q = q.data();
+    p.k = k.data();
+    p.v = v.data();
+    p.mask = mask.data();
+    kernels::cpu::attention_forward(p, out.data(), lse.data());
+    kernels::cpu::attention_backward(p, out.data(), lse.data(), dout.data(), {dq.data(), false}, {dk.data(), false},
+                                     {dv.data(), true});
+    // The GPU's.
+    auto q_d = to_device(q), k_d = to_device(k), v_d = to_device(v), mask_d = to_device(mask),
+         dout_d = to_device(dout), out_d = to_device(out), lse_d = to_device(lse), gq = to_device(dq),
+         gk = to_device(dk), gv = to_device(std::vector<T>(v.size(), T(0.5)));
+    p.q = q_d.data();
+    p.k = k_d.data();
+    p.v = v_d.data();
+    p.mask = mask_d.data();
+    policy::cuda::attention_forward(p, out_d.data(), lse_d.data());
+    check_close(to_host(out_d), out, tol, tol, "attention output");
+    check_close(to_host(lse_d), lse, tol, tol, "attention log-sum-exp");
+    policy::cuda::attention_backward(p, static_cast<const T*>(out_d.data()), static_cast<const T*>(lse_d.data()),
+                                     static_cast<const T*>(dout_d.data()), {gq.data(), false}, {gk.data(), false},
+                                     {gv.data(), true});
+    check_close(to_host(gq), dq, tol, tol, "attention dq");
+    check_close(to_host(gk), dk, tol, tol, "attention dk");
+    check_close(to_host(gv), dv, tol, tol, "attention dv (added to 0.5)");
+  }
+}

@@ -64,6 +64,18 @@ struct blocks_model {
                           Add<Dense<10>, Chain<Dense<10, Tanh>>>>;
 };
 
+// A small transformer (layers/transformer_encoder_layer.hpp, positional_embedding.hpp, tokens.hpp): tokens from a
+// Dense per position, a class token, learned positions, a pre-norm GELU layer and a causal one (the CUDA attention
+// kernel, the heads split and merged by copy_rows), the class token read out.
+template <class P>
+struct transformer_model {
+  using type = Sequential<P, Input<6, 8>, TimeDistributed<Dense<16>>, ClassToken<>, LearnedPositionalEmbedding<7>,
+                          TransformerEncoderLayer<2, 32, transformer_layer_options{
+                                                             .feed_forward_activation = activation::gelu,
+                                                             .norm_first = true}>,
+                          CausalTransformerLayer<4, 32>, LayerNorm<16>, SelectToken<0>, Dense<10>>;
+};
+
 constexpr index_t batch = training_batch;
 
 template <class Net>
@@ -127,6 +139,10 @@ TEST_CASE_TEMPLATE("static graph blocks (Residual with a Shortcut, Concat, Add) 
 
 TEST_CASE_TEMPLATE("static LSTM trains as on the CPU", GPU, policy::cuda, policy::cudnn) {
   check_against_cpu<lstm_model, GPU>(shape{6, 5}, 1e-3, "LSTM");
+}
+
+TEST_CASE("static transformer layers train on policy::cuda as on the CPU") {
+  check_against_cpu<transformer_model, policy::cuda>(shape{6, 8}, 1e-3, "transformer");
 }
 
 // policy::cudnn runs both through cuDNN's RNN (kernels/cudnn/rnn.cuh), policy::cuda through kiln's steps.

@@ -164,9 +164,14 @@ class parser {
   }
 
  private:
+  // The character is quoted from a small array: building the quote with std::string's operator+ trips GCC 12's
+  // -Wrestrict false positive where this is inlined.
   [[noreturn]] void error_here(const char* what) const {
-    std::string found = pos_ < text_.size() ? "'" + std::string(1, text_[pos_]) + "'" : std::string("the end");
-    fail("JSON: ", what, " at byte ", base_ + pos_, ", found ", found);
+    if (pos_ < text_.size()) {
+      const char found[4] = {'\'', text_[pos_], '\'', '\0'};
+      fail("JSON: ", what, " at byte ", base_ + pos_, ", found ", found);
+    }
+    fail("JSON: ", what, " at byte ", base_ + pos_, ", found the end");
   }
   void skip_space() {
     while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' || text_[pos_] == '\r'))

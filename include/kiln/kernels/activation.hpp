@@ -64,9 +64,25 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T tanh_value(T x) {
 // 2 Phi(x), twice the standard normal CDF that GELU multiplies x by, as erfc(-x / sqrt 2) rather than
 // 1 + erf(x / sqrt 2): for negative x, erf is near -1 and the sum cancels (at x = -3.4 its few digits left made CPU
 // and GPU disagree in the fourth), while erfc of a positive argument is accurate to its last bits.
+// A float on the host takes the branch-free saturating_erfc (float_math.hpp), so that loops of GELU vectorise; double
+// and the CUDA device use the library's erfc.
 template <class T>
 KILN_HOST_DEVICE KILN_ALWAYS_INLINE T gelu_cdf_times_two(T x) {
+#if !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) return saturating_erfc(-x * float(std::numbers::sqrt2 / 2));
+#endif
   return std::erfc(-x * T(std::numbers::sqrt2 / 2));
+}
+// e^(-x^2 / 2) of GELU's derivative: branch-free for a float on the host (0 where it leaves the normal floats).
+template <class T>
+KILN_HOST_DEVICE KILN_ALWAYS_INLINE T gelu_gaussian(T x) {
+#if !defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, float>) {
+    const float arg = -0.5f * x * x;
+    return select_float(arg < -87.3f, 0.0f, saturating_exp(arg));
+  }
+#endif
+  return std::exp(T(-0.5) * x * x);
 }
 
 // y = f(x). slope is LeakyReLU's negative slope and is ignored by the others.
@@ -92,13 +108,26 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T activate_backward(activation a, T x, T y, 
     case activation::leaky_relu: return y > T(0) ? dy : dy * slope;
     case activation::gelu: {
       T cdf = T(0.5) * gelu_cdf_times_two(x);
-      T pdf = std::exp(T(-0.5) * x * x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
+      T pdf = gelu_gaussian(x) * T(std::numbers::inv_sqrtpi / std::numbers::sqrt2);
       return dy * (cdf + x * pdf);
     }
     case activation::sigmoid: return dy * y * (T(1) - y);
     case activation::tanh: return dy * (T(1) - y * y);
   }
   return dy;
+}
+
+// Calls body(std::integral_constant<activation, a>{}) so that loops are compiled once per activation.
+template <class Body>
+KILN_ALWAYS_INLINE void with_activation(activation a, Body&& body) {
+  switch (a) {
+    case activation::identity: return body(std::integral_constant<activation, activation::identity>{});
+    case activation::relu: return body(std::integral_constant<activation, activation::relu>{});
+    case activation::leaky_relu: return body(std::integral_constant<activation, activation::leaky_relu>{});
+    case activation::gelu: return body(std::integral_constant<activation, activation::gelu>{});
+    case activation::sigmoid: return body(std::integral_constant<activation, activation::sigmoid>{});
+    case activation::tanh: return body(std::integral_constant<activation, activation::tanh>{});
+  }
 }
 
 }  // namespace kernels

@@ -6,21 +6,24 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
+
+#include "kiln/core/config.hpp"
 
 namespace kiln::kernels {
 
 // condition ? a : b by bit masks. A float ?: whose arms do arithmetic is not if-converted by GCC under its default
 // -ftrapping-math (it will not evaluate the unselected arm's division speculatively), which stops vectorisation;
 // masks vectorise under any flags.
-inline float select_float(bool condition, float a, float b) {
+KILN_ALWAYS_INLINE float select_float(bool condition, float a, float b) {
   const std::int32_t mask = -static_cast<std::int32_t>(condition);
   return std::bit_cast<float>((std::bit_cast<std::int32_t>(a) & mask) | (std::bit_cast<std::int32_t>(b) & ~mask));
 }
 
 // e^x for a float x, saturating: arguments below -87.3 give e^-87.3 (1.2e-38, the smallest normal float's order) and
 // above 88.3 give e^88.3 (2.2e38), so the result is finite and 2^n below stays a normal float. NaN gives NaN.
-inline float saturating_exp(float x) {
+KILN_ALWAYS_INLINE float saturating_exp(float x) {
   // NaN fails both comparisons and passes through.
   x = select_float(x < -87.3f, -87.3f, x);
   x = select_float(x > 88.3f, 88.3f, x);
@@ -44,6 +47,34 @@ inline float saturating_exp(float x) {
   // 2^n built from its exponent bits; n lies in [-126, 127] after the clamp.
   const std::int32_t n_bits = std::bit_cast<std::int32_t>(shifted) - std::bit_cast<std::int32_t>(round_shift);
   return p * std::bit_cast<float>((n_bits + 127) << 23);
+}
+
+// erfc(z) for a float z, branch-free. For a = |z| and t = 1 / (1 + a / 2), erfc(a) = t e^(-a^2) e^(P(t)) (the form of
+// Numerical Recipes' erfcc), P kiln's own degree-10 least-squares fit of ln(erfc(a) e^(a^2) / t) over a in [0, 9.3]
+// (error below 6e-9), as a polynomial in u = 2.4301076 t - 1.4301075 (t's range mapped onto [-1, 1], where float
+// evaluation keeps its accuracy); e^(-a^2) from a^2 split into its float value hi and the rest lo (exact, by fma) as
+// e^-hi (1 - lo); erfc(z) = 2 - erfc(-z) below 0. Within about 4e-7 relative (a few ulp) wherever erfc is a normal
+// float, 0 from a = 9.3, where erfc leaves the normal floats. NaN gives NaN.
+KILN_ALWAYS_INLINE float saturating_erfc(float z) {
+  const float a = std::fabs(z);
+  const float t = 1.0f / (1.0f + 0.5f * a);
+  const float u = t * 2.4301076f - 1.4301075f;
+  float p = -2.103154634813986e-05f;
+  p = p * u + 4.688202668959119e-05f;
+  p = p * u + 0.00012490487515375254f;
+  p = p * u - 0.0004783698477130444f;
+  p = p * u - 0.00030011638528188567f;
+  p = p * u + 0.003463070388496859f;
+  p = p * u - 0.0007763321393560583f;
+  p = p * u - 0.028433062218954513f;
+  p = p * u + 0.0142880374689405f;
+  p = p * u + 0.5636132590951064f;
+  p = p * u - 0.5515272403156212f;
+  const float hi = a * a;
+  const float lo = std::fma(a, a, -hi);
+  const float e = t * saturating_exp(-hi) * (1.0f - lo) * saturating_exp(p);
+  const float tail = select_float(a > 9.3f, 0.0f, e);
+  return select_float(z < 0.0f, 2.0f - tail, tail);
 }
 
 // tanh(x) for a float x. Near zero, where 1 - 2 / (e^2x + 1) would cancel, its odd Taylor series to x^17 (exact

@@ -93,10 +93,10 @@ struct MultiheadSelfAttention {
       const index_t n = ctx.batch, rows = n * length;
       const regions<T> r(scratch, n);
       dense_forward<Policy>(x, params, params + in_weight, r.qkv, rows, width, 3 * width);
-      split_heads(r.qkv, r.heads, n);
+      split_heads<Policy>(r.qkv, r.heads, n);
       const kernels::cpu::attention_problem<T> p = problem<Policy>(r, n);
       kernels::attention_kernel<Policy, T>::forward(p, r.out, r.lse);
-      merge_heads(r.out, r.merged, n);
+      merge_one<Policy>(r.out, r.merged, n, width, 0);
       dense_forward<Policy>(r.merged, out_weight_of(params), out_bias_of(params), y, rows, width, width);
     }
 
@@ -109,16 +109,16 @@ struct MultiheadSelfAttention {
       T* dout = r.qkv + n * sequence;
       dense_backward<Policy>(r.merged, out_weight_of(params), dy, dmerged, out_weight_of(dparams),
                              out_bias_of(dparams), rows, width, width, false);
-      split_one(dmerged, dout, n, width, 0);
+      split_one<Policy>(dmerged, dout, n, width, 0);
       const kernels::cpu::attention_problem<T> p = problem<Policy>(r, n);
       const index_t part = n * sequence;
       const kernels::cpu::attention_grad<T> dq{r.grads, false}, dk{r.grads + part, false},
           dv{r.grads + 2 * part, false};
       kernels::attention_kernel<Policy, T>::backward(p, r.out, r.lse, dout, dq, dk, dv);
       T* dqkv = r.qkv;  // the merged output's gradient and its heads' are used up
-      merge_one(r.grads, dqkv, n, 3 * width, 0);
-      merge_one(r.grads + part, dqkv, n, 3 * width, width);
-      merge_one(r.grads + 2 * part, dqkv, n, 3 * width, 2 * width);
+      merge_one<Policy>(r.grads, dqkv, n, 3 * width, 0);
+      merge_one<Policy>(r.grads + part, dqkv, n, 3 * width, width);
+      merge_one<Policy>(r.grads + 2 * part, dqkv, n, 3 * width, 2 * width);
       dense_backward<Policy>(x, params, dqkv, dx, dparams, dparams + in_weight, rows, width, 3 * width, false);
     }
 
@@ -161,31 +161,27 @@ struct MultiheadSelfAttention {
       return params + in_weight + in_bias + out_weight;
     }
 
-    // [n, L, cols] columns [first, first + E) -> [n, H, L, D].
-    template <class T>
+    // [n, L, cols] columns [first, first + E) -> [n, H, L, D]: one strided copy of L rows of D values per sample and
+    // head (the policy's copy_rows, so device memory too).
+    template <class Policy, class T>
     static void split_one(const T* from, T* to, index_t n, index_t cols, index_t first) {
       for (index_t s = 0; s < n; ++s)
         for (index_t h = 0; h < Heads; ++h)
-          for (index_t l = 0; l < length; ++l)
-            for (index_t d = 0; d < head_dim; ++d)
-              to[((s * Heads + h) * length + l) * head_dim + d] = from[(s * length + l) * cols + first + h * head_dim + d];
+          Policy::copy_rows(length, head_dim, from + s * length * cols + first + h * head_dim, cols,
+                            to + (s * Heads + h) * length * head_dim, head_dim);
     }
     // [n, H, L, D] -> [n, L, cols] columns [first, first + E).
-    template <class T>
+    template <class Policy, class T>
     static void merge_one(const T* from, T* to, index_t n, index_t cols, index_t first) {
       for (index_t s = 0; s < n; ++s)
         for (index_t h = 0; h < Heads; ++h)
-          for (index_t l = 0; l < length; ++l)
-            for (index_t d = 0; d < head_dim; ++d)
-              to[(s * length + l) * cols + first + h * head_dim + d] = from[((s * Heads + h) * length + l) * head_dim + d];
+          Policy::copy_rows(length, head_dim, from + (s * Heads + h) * length * head_dim, head_dim,
+                            to + s * length * cols + first + h * head_dim, cols);
     }
-    template <class T>
+    template <class Policy, class T>
     static void split_heads(const T* qkv, T* heads, index_t n) {
-      for (index_t part = 0; part < 3; ++part) split_one(qkv, heads + part * n * sequence, n, 3 * width, part * width);
-    }
-    template <class T>
-    static void merge_heads(const T* out, T* merged, index_t n) {
-      merge_one(out, merged, n, width, 0);
+      for (index_t part = 0; part < 3; ++part)
+        split_one<Policy>(qkv, heads + part * n * sequence, n, 3 * width, part * width);
     }
 
     template <class Policy, class T>

@@ -11,18 +11,7 @@
 
 namespace kiln::kernels::cpu {
 
-// Calls body(std::integral_constant<activation, a>{}) so that loops are compiled once per activation.
-template <class Body>
-KILN_ALWAYS_INLINE void with_activation(activation a, Body&& body) {
-  switch (a) {
-    case activation::identity: return body(std::integral_constant<activation, activation::identity>{});
-    case activation::relu: return body(std::integral_constant<activation, activation::relu>{});
-    case activation::leaky_relu: return body(std::integral_constant<activation, activation::leaky_relu>{});
-    case activation::gelu: return body(std::integral_constant<activation, activation::gelu>{});
-    case activation::sigmoid: return body(std::integral_constant<activation, activation::sigmoid>{});
-    case activation::tanh: return body(std::integral_constant<activation, activation::tanh>{});
-  }
-}
+using kernels::with_activation;  // kernels/activation.hpp: one loop per activation
 
 // dx = the backward of activation Kind applied to dx in place, given the activation's output y and its input x (null
 // where Kind's backward does not read it): for a block of a gradient that is still in cache, where a layer takes in
@@ -55,6 +44,10 @@ struct elementwise_kernels {
                                   bool accumulate = false) {
     with_activation(a, [&](auto act) {
       parallel_chunks<T>(n, [&](index_t begin, index_t end) {
+        if (x && y && !accumulate) {  // the common case, in a loop without conditions, so that it vectorises
+          for (index_t i = begin; i < end; ++i) dx[i] = activate_backward(act.value, x[i], y[i], dy[i], slope);
+          return;
+        }
         for (index_t i = begin; i < end; ++i) {
           T g = activate_backward(act.value, x ? x[i] : T(0), y ? y[i] : T(0), dy[i], slope);
           dx[i] = accumulate ? dx[i] + g : g;

@@ -391,11 +391,15 @@ KILN_ALWAYS_INLINE void store_tile(Reg (&acc)[Rows][Vecs], T* c, index_t ldc, in
         S::store_n(cp, x, lanes);
     }
   }
-  // GELU, sigmoid and tanh go through the scalar function itself while the tile is still in L1.
+  // GELU, sigmoid and tanh go through the scalar function itself while the tile is still in L1; GELU's loop knows
+  // its activation, so that it vectorises.
   if (apply_tail && !vector_act) {
     for (int r = 0; r < Rows; ++r) {
       T* crow = c + r * ldc;
-      for (int j = 0; j < cols; ++j) crow[j] = activate(ep.act, crow[j], ep.slope);
+      if (ep.act == activation::gelu)
+        for (int j = 0; j < cols; ++j) crow[j] = activate(activation::gelu, crow[j], T(0));
+      else
+        for (int j = 0; j < cols; ++j) crow[j] = activate(ep.act, crow[j], ep.slope);
     }
   }
 }
