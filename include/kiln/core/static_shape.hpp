@@ -37,6 +37,14 @@ struct dims {
   }
 };
 
+// Extent d (0 or 1) of a sequence sample [L, E], and 1 for a sample of another rank: what the sequence layers'
+// binds read, so that their types still form after the shape error that refuses such a sample.
+template <class In>
+constexpr index_t sequence_extent(std::size_t d) {
+  if constexpr (In::rank == 2) return In::extents[d];
+  else return 1;
+}
+
 template <class T>
 inline constexpr bool is_dims = false;
 template <index_t... E>

@@ -25,16 +25,10 @@ namespace kiln {
 
 namespace positional_detail {
 
-template <class In>
-constexpr index_t extent(std::size_t d) {
-  if constexpr (In::rank == 2) return In::extents[d];
-  else return 1;
-}
-
 // What both tables share: the shape check and the add. MaxLen rows of In's width.
 template <index_t MaxLen, class In>
 struct table_shape {
-  static constexpr index_t length = extent<In>(0), width = extent<In>(1);
+  static constexpr index_t length = sequence_extent<In>(0), width = sequence_extent<In>(1);
   static constexpr index_t sequence = length * width, table_size = MaxLen * width;
 
   // y[s] = x[s] + table[0, L) for each of the batch's samples.

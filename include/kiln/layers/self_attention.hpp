@@ -32,16 +32,6 @@
 
 namespace kiln {
 
-namespace self_attention_detail {
-
-template <class In>
-constexpr index_t extent(std::size_t d) {
-  if constexpr (In::rank == 2) return In::extents[d];
-  else return 1;
-}
-
-}  // namespace self_attention_detail
-
 template <index_t Heads, bool Causal = false>
 struct MultiheadSelfAttention {
   static_assert(Heads >= 1, "kiln::MultiheadSelfAttention<Heads>: expected at least one head");
@@ -49,15 +39,15 @@ struct MultiheadSelfAttention {
   static constexpr bool is_activation = false;
 
   template <class In>
-  static constexpr bool accepts = In::rank == 2 && self_attention_detail::extent<In>(1) % Heads == 0;
+  static constexpr bool accepts = In::rank == 2 && sequence_extent<In>(1) % Heads == 0;
   static constexpr const char* requirement =
       "a sequence [L, E] whose width E the number of heads divides (Input<L, E>, or the output of a layer per "
       "position such as TimeDistributed<Dense<E>>)";
 
   template <class In>
   struct bind {
-    static constexpr index_t length = self_attention_detail::extent<In>(0);
-    static constexpr index_t width = self_attention_detail::extent<In>(1);
+    static constexpr index_t length = sequence_extent<In>(0);
+    static constexpr index_t width = sequence_extent<In>(1);
     static constexpr index_t head_dim = width / Heads > 0 ? width / Heads : 1;
     using output = In;
     static constexpr index_t in_weight = 3 * width * width, in_bias = 3 * width, out_weight = width * width;

@@ -32,12 +32,6 @@ struct image {
   static constexpr index_t width = In::rank >= 2 ? In::extents[std::size_t(In::rank - 1)] : 1;
 };
 
-template <class In>
-constexpr index_t extent(std::size_t d) {
-  if constexpr (In::rank == 2) return In::extents[d];
-  else return 1;
-}
-
 }  // namespace tokens_detail
 
 template <index_t P>
@@ -103,7 +97,7 @@ struct ClassToken {
 
   template <class In>
   struct bind {
-    static constexpr index_t length = tokens_detail::extent<In>(0), width = tokens_detail::extent<In>(1);
+    static constexpr index_t length = sequence_extent<In>(0), width = sequence_extent<In>(1);
     using output = dims<length + 1, width>;
     static constexpr index_t param_count = width;
     static constexpr index_t scratch_per_sample = 0;
@@ -142,12 +136,12 @@ struct SelectToken {
   static constexpr bool is_activation = false;
 
   template <class In>
-  static constexpr bool accepts = In::rank == 2 && I < tokens_detail::extent<In>(0);
+  static constexpr bool accepts = In::rank == 2 && I < sequence_extent<In>(0);
   static constexpr const char* requirement = "a sequence of tokens [L, E] with more than I tokens";
 
   template <class In>
   struct bind {
-    static constexpr index_t width = tokens_detail::extent<In>(1);
+    static constexpr index_t width = sequence_extent<In>(1);
     using output = dims<width>;
     static constexpr index_t param_count = 0;
     static constexpr index_t scratch_per_sample = 0;

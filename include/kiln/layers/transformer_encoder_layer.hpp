@@ -80,12 +80,6 @@ struct parts {
   }
 };
 
-template <class In>
-constexpr index_t width() {
-  if constexpr (In::rank == 2) return In::extents[1];
-  else return 1;
-}
-
 }  // namespace transformer_layer_detail
 
 template <index_t Heads, index_t FeedForward, transformer_layer_options Options = transformer_layer_options{}>
@@ -100,12 +94,12 @@ struct TransformerEncoderLayer : block_detail::block_layer {
   static constexpr const char* name = Options.causal ? "CausalTransformerLayer" : "TransformerEncoderLayer";
 
   template <class In>
-  static constexpr bool accepts = In::rank == 2 && transformer_layer_detail::width<In>() % Heads == 0;
+  static constexpr bool accepts = In::rank == 2 && sequence_extent<In>(1) % Heads == 0;
   static constexpr const char* requirement =
       "a sequence [L, E] whose width E the number of heads divides (Embedding<V, E> on Input<L>, or Input<L, E>)";
 
   template <class In>
-  using parts_of = transformer_layer_detail::parts<Heads, FeedForward, Options, transformer_layer_detail::width<In>()>;
+  using parts_of = transformer_layer_detail::parts<Heads, FeedForward, Options, sequence_extent<In>(1)>;
 
   template <class In>
   struct bind : parts_of<In>::chain::template bind<In> {
