@@ -4,10 +4,11 @@
 // names (self_attn.*, linear1.*, linear2.*, norm1.*, norm2.*), drawn from the same init streams, so one seed gives
 // both modes the same weights and the same training, bit for bit. CausalTransformerLayer is the decoder-only block of
 // a language model (nn::CausalTransformerLayer): the same layer under the causal mask.
+//   constexpr kiln::transformer_layer_options pre_norm{.feed_forward_activation = kiln::activation::gelu,
+//                                                      .norm_first = true};
 //   using Gpt = kiln::Sequential<kiln::policy::cpu, kiln::Input<128>, kiln::Embedding<256, 128>,
-//                                kiln::LearnedPositionalEmbedding<128>,
-//                                kiln::CausalTransformerLayer<4, 512, {.activation = kiln::activation::gelu,
-//                                                                      .norm_first = true}>, ...>;
+//                                kiln::LearnedPositionalEmbedding<128>, kiln::CausalTransformerLayer<4, 512, pre_norm>,
+//                                ..., kiln::LayerNorm<128>, kiln::TimeDistributed<kiln::Dense<256>>>;
 //
 // The layer is a chain of static mode's blocks (static/blocks.hpp), planned and fused as any other chain:
 //   norm_first:  Residual<LayerNorm, MultiheadSelfAttention>, Residual<LayerNorm, TimeDistributed<Dense<FF, Act>>,
