@@ -2,7 +2,7 @@
 // kernels/cuda/attention.cuh) against attention composed of cuBLAS products and kiln's softmax (scores, softmax,
 // weights times values: the [L, L] scores held in memory), for sequences of 128 to 4096 tokens, 32 sequences x heads
 // of 64 features, causal or not. Before timing, the fused kernel is checked against the CPU's tiled kernel on a small
-// problem. Times are CUDA-event medians of 7 repetitions, each of enough calls to last >= 2 ms; the composed forward
+// problem. Times are CUDA-event medians of 7 repetitions, each of enough calls to last >= 2 ms (gpu_timing.cuh); the composed forward
 // leaves out the causal mask (it only makes it slower), so its figure is a lower bound. PyTorch's flash attention on
 // the same shapes: bench/peers/torch_gpu_bench.py.
 //
@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,40 +21,11 @@
 #include "kiln/core/cuda/stream.cuh"
 #include "kiln/kernels/cpu/attention.hpp"
 #include "kiln/policy_cuda.cuh"
+#include "gpu_timing.cuh"
 
 using kiln::index_t;
 
 namespace {
-
-// Median seconds per call of f: events around back-to-back calls, as many as make one repetition last >= 2 ms.
-double gpu_seconds_per_call(const std::function<void()>& f) {
-  const cudaStream_t stream = kiln::cuda::current_stream();
-  cudaEvent_t start, stop;
-  KILN_CUDA_CHECK(cudaEventCreate(&start));
-  KILN_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time_calls = [&](long calls) {
-    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (long i = 0; i < calls; ++i) f();
-    KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
-    KILN_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return double(ms) * 1e-3;
-  };
-  time_calls(2);
-  long calls = 1;
-  while (calls < (1L << 16)) {
-    const double s = time_calls(calls);
-    if (s >= 2e-3) break;
-    calls *= 2;
-  }
-  std::vector<double> per_call;
-  for (int r = 0; r < 7; ++r) per_call.push_back(time_calls(calls) / double(calls));
-  KILN_CUDA_CHECK(cudaEventDestroy(start));
-  KILN_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
-}
 
 std::vector<float> random_values(index_t n, unsigned seed) {
   std::vector<float> v(static_cast<std::size_t>(n));
@@ -139,19 +109,22 @@ int main(int argc, char** argv) try {
       p.head_dim = p.value_dim = D;
       p.scale = float(1.0 / std::sqrt(double(D)));
       p.causal = causal;
-      const double fwd = gpu_seconds_per_call([&] { P::attention_forward(p, out.data(), lse.data()); });
-      const double both = gpu_seconds_per_call([&] {
+      using kiln::bench::gpu_seconds_per_call;
+      const double fwd = gpu_seconds_per_call([&] { P::attention_forward(p, out.data(), lse.data()); }, 7, 2e-3);
+      const auto forward_and_backward = [&] {
         P::attention_forward(p, out.data(), lse.data());
         P::attention_backward<float>(p, out.data(), lse.data(), g.data(), {dq.data(), false}, {dk.data(), false},
                                      {dv.data(), false});
-      });
-      const double comp = gpu_seconds_per_call([&] {
+      };
+      const auto composed_forward = [&] {
         P::gemm_strided_batched(false, true, L, L, D, p.scale, q.data(), D, L * D, k.data(), D, L * D, 0.0f,
                                 scores.data(), L, L * L, sequences);
         P::softmax_forward(static_cast<const float*>(scores.data()), weights.data(), sequences * L, L, 1, false);
         P::gemm_strided_batched(false, false, L, D, L, 1.0f, weights.data(), L, L * L, v.data(), D, L * D, 0.0f,
                                 composed.data(), D, L * D, sequences);
-      });
+      };
+      const double both = gpu_seconds_per_call(forward_and_backward, 7, 2e-3);
+      const double comp = gpu_seconds_per_call(composed_forward, 7, 2e-3);
       std::printf("%-6lld %-7s %14.1f %16.1f %18.1f %9.2fx\n", static_cast<long long>(L), causal ? "yes" : "no",
                   fwd * 1e6, both * 1e6, comp * 1e6, comp / fwd);
       std::printf("RESULT bench=attention_gpu length=%lld causal=%d fused_fwd_us=%.2f fused_fwd_bwd_us=%.2f "

@@ -35,6 +35,7 @@
 #include "kiln/core/threads.hpp"
 #include "kiln/kernels/cpu/gemm.hpp"
 #include "kiln/policy_cuda.cuh"
+#include "gpu_timing.cuh"
 
 using kiln::index_t;
 
@@ -66,37 +67,6 @@ __global__ void to_bf16_kernel(const float* in, __nv_bfloat16* out, index_t n) {
 __global__ void from_bf16_kernel(const __nv_bfloat16* in, float* out, index_t n) {
   for (index_t i = index_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += index_t(gridDim.x) * blockDim.x)
     out[i] = __bfloat162float(in[i]);
-}
-
-// Median seconds per call of f on the GPU: events around `calls` back-to-back calls, calls chosen so that one
-// repetition lasts >= min_seconds.
-double gpu_seconds_per_call(const std::function<void()>& f, int repetitions, double min_seconds) {
-  const cudaStream_t stream = kiln::cuda::current_stream();
-  cudaEvent_t start, stop;
-  KILN_CUDA_CHECK(cudaEventCreate(&start));
-  KILN_CUDA_CHECK(cudaEventCreate(&stop));
-  auto time_calls = [&](long calls) {
-    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (long i = 0; i < calls; ++i) f();
-    KILN_CUDA_CHECK(cudaEventRecord(stop, stream));
-    KILN_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return double(ms) * 1e-3;
-  };
-  time_calls(2);  // warm-up: plan caches, heuristics, clocks
-  long calls = 1;
-  for (;;) {
-    const double s = time_calls(calls);
-    if (s >= min_seconds || calls >= (1L << 20)) break;
-    calls = s <= 0 ? calls * 10 : std::max(calls * 2, long(double(calls) * min_seconds * 1.2 / s) + 1);
-  }
-  std::vector<double> per_call;
-  for (int r = 0; r < repetitions; ++r) per_call.push_back(time_calls(calls) / double(calls));
-  KILN_CUDA_CHECK(cudaEventDestroy(start));
-  KILN_CUDA_CHECK(cudaEventDestroy(stop));
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
 }
 
 // The same on the CPU with a steady clock.
@@ -275,7 +245,8 @@ int main(int argc, char** argv) try {
   for (const auto& s : shapes) {
     operands o = make_operands(s, true);
     for (const auto& system : systems) {
-      const double seconds = gpu_seconds_per_call(gpu_call(system, s, o), repetitions, gpu_min_seconds);
+      const double seconds =
+          kiln::bench::gpu_seconds_per_call(gpu_call(system, s, o), repetitions, gpu_min_seconds);
       gpu_results.push_back({s.what, s.dims(), system, s.flops() / seconds * 1e-9, seconds * 1e6});
     }
     if (s.m <= max_cpu && s.n <= max_cpu && s.k <= max_cpu) {
