@@ -10,8 +10,9 @@
 // - The mask is read in place through the problem's strides; its per-batch offsets (mask_offset, on the host as the
 //   CPU kernel takes them) are copied to the device for the call.
 // - The forward keeps lse, each query's log-sum-exp of its masked scores, for the backward, which computes the scores
-//   again: nothing of size L x S is ever stored. The backward runs two kernels, dq (one warp per query) then dk and dv
-//   (one warp per key), each summing in a fixed order: no atomics, the same bits on every run.
+//   again: nothing of size L x S is ever stored. The backward runs three kernels: each query's dO . O (the softmax
+//   backward's term, [B, L] of scratch), dq (one warp per query), then dk and dv (one warp per key), each summing in
+//   a fixed order: no atomics, the same bits on every run.
 // - The formulas (masking, the online softmax's exponentials, dropout's draw of weight (b, i, j)) are
 //   kernels/attention_math.hpp's, the CPU kernel's; the order of the sums differs from the CPU's, so results agree to
 //   float rounding, not bit for bit.
@@ -129,10 +130,22 @@ __global__ void forward_kernel(cpu::attention_problem<T> p, const index_t* mask_
   if (lane == 0) lse[b * p.queries + i] = attention_logsumexp(running_max, running_sum);
 }
 
-// dq: one warp per query row. dS_ij = P_ij (f_ij dO_i . v_j - D_i), D_i = dO_i . O_i, dq_i = scale sum_j dS_ij k_j.
-// Shared memory: the warps' q and dO rows.
+// D_i = dO_i . O_i, the softmax backward's term of every query row, once for both gradient kernels: one warp a row.
 template <class T>
-__global__ void dq_kernel(cpu::attention_problem<T> p, const index_t* mask_offset, const T* out, const T* lse,
+__global__ void delta_kernel(index_t rows, index_t Ev, const T* out, const T* dout, T* delta) {
+  const int lane = int(threadIdx.x % 32);
+  const index_t row = index_t(blockIdx.x) * warps_per_block + index_t(threadIdx.x / 32);
+  if (row >= rows) return;
+  T partial = T(0);
+  for (index_t d = lane; d < Ev; d += 32) partial += dout[row * Ev + d] * out[row * Ev + d];
+  const T sum = warp_sum(partial);
+  if (lane == 0) delta[row] = sum;
+}
+
+// dq: one warp per query row. dS_ij = P_ij (f_ij dO_i . v_j - D_i), dq_i = scale sum_j dS_ij k_j. Shared memory: the
+// warps' q and dO rows.
+template <class T>
+__global__ void dq_kernel(cpu::attention_problem<T> p, const index_t* mask_offset, const T* lse, const T* delta,
                           const T* dout, cpu::attention_grad<T> dq) {
   extern __shared__ unsigned char shared_bytes[];
   T* shared = reinterpret_cast<T*>(shared_bytes);
@@ -143,12 +156,8 @@ __global__ void dq_kernel(cpu::attention_problem<T> p, const index_t* mask_offse
   T* q = shared + warp * (E + Ev);
   T* g = q + E;
   for (index_t d = lane; d < E; d += 32) q[d] = p.q[row * E + d];
-  T partial = T(0);
-  for (index_t d = lane; d < Ev; d += 32) {
-    g[d] = dout[row * Ev + d];
-    partial += g[d] * out[row * Ev + d];
-  }
-  const T D = warp_sum(partial);
+  for (index_t d = lane; d < Ev; d += 32) g[d] = dout[row * Ev + d];
+  const T D = delta[row];
   __syncwarp();
   const T keep_scale = attention_keep_scale<T>(p.dropout);
   const T m = lse[row];
@@ -183,7 +192,7 @@ __global__ void dq_kernel(cpu::attention_problem<T> p, const index_t* mask_offse
 // dk and dv: one warp per key row j of batch b. dv_j = sum_i P_ij f_ij dO_i, dk_j = scale sum_i dS_ij q_i. Shared
 // memory: the warps' k and v rows. dk is stored before dv, so that a k and v that are one tensor add in turn.
 template <class T>
-__global__ void dkdv_kernel(cpu::attention_problem<T> p, const index_t* mask_offset, const T* out, const T* lse,
+__global__ void dkdv_kernel(cpu::attention_problem<T> p, const index_t* mask_offset, const T* lse, const T* delta,
                             const T* dout, cpu::attention_grad<T> dk, cpu::attention_grad<T> dv) {
   extern __shared__ unsigned char shared_bytes[];
   T* shared = reinterpret_cast<T*>(shared_bytes);
@@ -210,8 +219,7 @@ __global__ void dkdv_kernel(cpu::attention_problem<T> p, const index_t* mask_off
         const T s = score(p, mask_offset, b, i, j, dot(k, p.q + row * E, E));
         const T weight = attention_exp(s, m);
         const T f = dropout_factor(p, keep_scale, b, i, j);
-        const T D = dot(dout + row * Ev, out + row * Ev, Ev);
-        ds = weight * (f * dot(v, dout + row * Ev, Ev) - D);
+        ds = weight * (f * dot(v, dout + row * Ev, Ev) - delta[row]);
         pv = weight * f;
       }
     }
@@ -277,14 +285,21 @@ struct attention_kernels {
     const auto offsets = ad::prepare(p, "attention_backward");
     const std::size_t shared = sizeof(T) * std::size_t(ad::warps_per_block * (p.head_dim + p.value_dim));
     const cudaStream_t stream = kiln::cuda::current_stream();
+    const index_t rows = p.batch * p.queries;
+    kiln::cuda::device_buffer<T> delta(rows);
+    if (rows > 0) {
+      ad::delta_kernel<T><<<ad::rows_grid(rows, 1), 32 * ad::warps_per_block, 0, stream>>>(rows, p.value_dim, out, dout,
+                                                                                        delta.data());
+      KILN_CUDA_CHECK_LAUNCH();
+    }
     if (p.queries > 0 && dq.data) {
       ad::dq_kernel<T><<<ad::rows_grid(p.queries, p.batch), 32 * ad::warps_per_block, shared, stream>>>(
-          p, offsets.data(), out, lse, dout, dq);
+          p, offsets.data(), lse, delta.data(), dout, dq);
       KILN_CUDA_CHECK_LAUNCH();
     }
     if (p.keys > 0 && (dk.data || dv.data)) {
       ad::dkdv_kernel<T><<<ad::rows_grid(p.keys, p.batch), 32 * ad::warps_per_block, shared, stream>>>(
-          p, offsets.data(), out, lse, dout, dk, dv);
+          p, offsets.data(), lse, delta.data(), dout, dk, dv);
       KILN_CUDA_CHECK_LAUNCH();
     }
   }
