@@ -117,18 +117,5 @@ KILN_HOST_DEVICE KILN_ALWAYS_INLINE T activate_backward(activation a, T x, T y, 
   return dy;
 }
 
-// Calls body(std::integral_constant<activation, a>{}) so that loops are compiled once per activation.
-template <class Body>
-KILN_ALWAYS_INLINE void with_activation(activation a, Body&& body) {
-  switch (a) {
-    case activation::identity: return body(std::integral_constant<activation, activation::identity>{});
-    case activation::relu: return body(std::integral_constant<activation, activation::relu>{});
-    case activation::leaky_relu: return body(std::integral_constant<activation, activation::leaky_relu>{});
-    case activation::gelu: return body(std::integral_constant<activation, activation::gelu>{});
-    case activation::sigmoid: return body(std::integral_constant<activation, activation::sigmoid>{});
-    case activation::tanh: return body(std::integral_constant<activation, activation::tanh>{});
-  }
-}
-
 }  // namespace kernels
 }  // namespace kiln

@@ -11,7 +11,18 @@
 
 namespace kiln::kernels::cpu {
 
-using kernels::with_activation;  // kernels/activation.hpp: one loop per activation
+// Calls body(std::integral_constant<activation, a>{}) so that loops are compiled once per activation.
+template <class Body>
+KILN_ALWAYS_INLINE void with_activation(activation a, Body&& body) {
+  switch (a) {
+    case activation::identity: return body(std::integral_constant<activation, activation::identity>{});
+    case activation::relu: return body(std::integral_constant<activation, activation::relu>{});
+    case activation::leaky_relu: return body(std::integral_constant<activation, activation::leaky_relu>{});
+    case activation::gelu: return body(std::integral_constant<activation, activation::gelu>{});
+    case activation::sigmoid: return body(std::integral_constant<activation, activation::sigmoid>{});
+    case activation::tanh: return body(std::integral_constant<activation, activation::tanh>{});
+  }
+}
 
 // dx = the backward of activation Kind applied to dx in place, given the activation's output y and its input x (null
 // where Kind's backward does not read it): for a block of a gradient that is still in cache, where a layer takes in
