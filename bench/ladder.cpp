@@ -180,6 +180,10 @@ struct static_rung {
   const char* name;
   static_options options;
 };
+constexpr static_rung static_rungs[] = {
+    {3, "static unfused", {.fuse_epilogues = false, .flat_parameters = false}},
+    {4, "static + fused epilogues", {.fuse_epilogues = true, .flat_parameters = false}},
+    {5, "static + flat parameters", {.fuse_epilogues = true, .flat_parameters = true}}};
 
 template <class StaticNet, class Target, class Loss>
 std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::function<nn::Sequential()> make_dynamic,
@@ -203,9 +207,7 @@ std::vector<rung> make_rungs(std::uint64_t seed, index_t max_batch, std::functio
                        return l.item();
                      }});
   }
-  for (auto spec : {static_rung{3, "static unfused", {.fuse_epilogues = false, .flat_parameters = false}},
-                    static_rung{4, "static + fused epilogues", {.fuse_epilogues = true, .flat_parameters = false}},
-                    static_rung{5, "static + flat parameters", {.fuse_epilogues = true, .flat_parameters = true}}}) {
+  for (const static_rung& spec : static_rungs) {
     auto net = std::make_shared<StaticNet>(max_batch, seed, spec.options);
     auto opt = std::make_shared<optim::Adam>(optim::adam_options{.lr = 1e-3});
     keep.push_back(net);
@@ -258,9 +260,7 @@ std::vector<rung> make_transformer_rungs(batch_set<std::int64_t>& batches, std::
   using StaticGpt = examples::StaticTinyGPT<4, 128, 4, 128>;
   static_assert(examples::gpt_options{}.layers == 4 && examples::gpt_options{}.width == 128 &&
                 examples::gpt_options{}.heads == 4 && examples::gpt_options{}.context == 128);
-  for (auto spec : {static_rung{3, "static unfused", {.fuse_epilogues = false, .flat_parameters = false}},
-                    static_rung{4, "static + fused epilogues", {.fuse_epilogues = true, .flat_parameters = false}},
-                    static_rung{5, "static + flat parameters", {.fuse_epilogues = true, .flat_parameters = true}}}) {
+  for (const static_rung& spec : static_rungs) {
     auto net = std::make_shared<StaticGpt>(32, 1, spec.options);
     auto opt = std::make_shared<optim::AdamW>(optim::adamw_options{.lr = 2e-3, .weight_decay = 0.01});
     keep.push_back(net);

@@ -46,6 +46,12 @@ nn::Variable next_token_loss(const nn::Variable& logits, tensor_view<const std::
                            std::span<const std::int64_t>(targets.data(), static_cast<std::size_t>(rows)));
 }
 
+// The logits at position length - 1 of one sequence's logits [length, 256]: those of the next byte.
+std::vector<float> last_logits(const float* logits, index_t length) {
+  const float* last = logits + (length - 1) * data::byte_vocabulary::size;
+  return {last, last + data::byte_vocabulary::size};
+}
+
 // The model in dynamic mode: TinyGPT, any size.
 struct dynamic_gpt {
   dynamic_gpt(const gpt_options& o, std::uint64_t seed, const optim::adamw_options& adamw)
@@ -70,8 +76,7 @@ struct dynamic_gpt {
     model.eval();
     const nn::Variable logits = model(nn::Variable(Tensor<float>(shape{1, static_cast<index_t>(ids.size())}, ids)));
     model.train();
-    const float* last = logits.data() + (static_cast<index_t>(ids.size()) - 1) * data::byte_vocabulary::size;
-    return {last, last + data::byte_vocabulary::size};
+    return last_logits(logits.data(), static_cast<index_t>(ids.size()));
   }
   index_t parameter_count() const { return model.parameter_count(); }
 
@@ -102,8 +107,7 @@ struct static_gpt {
     net.eval();
     const Tensor<float> logits = net.predict(window.view());
     net.train();
-    const float* last = logits.data() + (static_cast<index_t>(ids.size()) - 1) * data::byte_vocabulary::size;
-    return {last, last + data::byte_vocabulary::size};
+    return last_logits(logits.data(), static_cast<index_t>(ids.size()));
   }
   index_t parameter_count() const { return StaticNet::parameter_count(); }
 
@@ -183,8 +187,9 @@ double mean_loss(Gpt& gpt, const data::text_windows<float>& windows, index_t bat
 
 // Trains `gpt` (either mode) with AdamW on a one-cycle schedule and prints each epoch, samples and the RESULT line.
 template <class Gpt>
-void train_and_report(Gpt& gpt, const char* mode, const run_settings& r, const data::text_windows<float>& train_windows,
-           const data::text_windows<float>& validation, double bigram) {
+void train_and_report(Gpt& gpt, const char* mode, const run_settings& r,
+                      const data::text_windows<float>& train_windows, const data::text_windows<float>& validation,
+                      double bigram) {
   data::data_loader loader(train_windows, {.batch_size = r.batch, .shuffle = true, .drop_last = true, .seed = r.seed});
   const index_t steps_per_epoch = r.limit_steps > 0 ? std::min(r.limit_steps, loader.batches_per_epoch())
                                                     : loader.batches_per_epoch();
