@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../examples/common.hpp"
+#include "../examples/mnist_cnn_net.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/weights.hpp"
 #include "kiln/kiln.hpp"
@@ -38,14 +39,8 @@ using namespace kiln;
 
 namespace {
 
-using static_cnn = Sequential<policy::cpu, Input<1, 28, 28>, Conv2D<32, 3>, ReLU, Conv2D<64, 3>, ReLU, MaxPool2D<2>,
-                              Dropout<0.5>, Flatten, Dense<128, ReLU>, Dense<10>>;
-
-nn::Sequential dynamic_cnn(std::uint64_t seed) {
-  manual_seed(seed);
-  return nn::Sequential(nn::Conv2d(1, 32, 3), nn::ReLU(), nn::Conv2d(32, 64, 3), nn::ReLU(), nn::MaxPool2d(2),
-                        nn::Dropout(0.5), nn::Flatten(), nn::Linear(9216, 128), nn::ReLU(), nn::Linear(128, 10));
-}
+using static_cnn = examples::static_mnist_cnn;
+using examples::dynamic_mnist_cnn;
 
 struct soak_options {
   long long steps = 1500, every = 50, eval_every = 100, save_every = 100;
@@ -174,7 +169,7 @@ bool soak_static(const soak_options& options) {
 }
 
 bool soak_dynamic(const soak_options& options) {
-  auto net = dynamic_cnn(42);
+  auto net = dynamic_mnist_cnn(42);
   optim::Adam opt(net.parameters());
   return soak(
       "dynamic", net,

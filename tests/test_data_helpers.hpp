@@ -46,17 +46,21 @@ inline fs::path write_file(const std::string& name, const bytes& content) {
 inline fs::path write_text(const std::string& name, const std::string& content) {
   return write_file(name, bytes(content.begin(), content.end()));
 }
-inline bytes gzip(const bytes& content) {
-  fs::path p = temp_dir() / "gzip_scratch.gz";
-  gzFile f = gzopen(p.c_str(), "wb");
-  gzwrite(f, content.data(), static_cast<unsigned>(content.size()));
-  gzclose(f);
-  std::ifstream in(p, std::ios::binary);
-  return bytes(std::istreambuf_iterator<char>(in), {});
-}
 inline bytes read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return bytes(std::istreambuf_iterator<char>(in), {});
+}
+// Writes `content` to `path` as a gzip stream.
+inline void write_gzip(const fs::path& path, const bytes& content) {
+  gzFile f = gzopen(path.c_str(), "wb9");
+  REQUIRE(f);
+  REQUIRE(gzwrite(f, content.data(), static_cast<unsigned>(content.size())) == static_cast<int>(content.size()));
+  gzclose(f);
+}
+inline bytes gzip(const bytes& content) {
+  fs::path p = temp_dir() / "gzip_scratch.gz";
+  write_gzip(p, content);
+  return read_bytes(p);
 }
 
 // An IDX file: header for `dims` then `payload` bytes (which need not agree with the header).

@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 #include <malloc.h>
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "io_test_files.hpp"
+#include "test_data_helpers.hpp"
 #include "kiln/data/data.hpp"
 #include "kiln/dynamic/nn.hpp"
 #include "kiln/io/checkpoint.hpp"
@@ -105,17 +105,11 @@ void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcep
 namespace {
 
 fs::path temp_dir(const std::string& name) { return io_test::fresh_dir("kiln_test_hostile_input", name); }
-void write_gzip(const fs::path& path, const std::string& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb9");
-  REQUIRE(f);
-  REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) == static_cast<int>(bytes.size()));
-  gzclose(f);
-}
-std::string idx_header(std::initializer_list<std::uint32_t> dims) {
-  std::string h{'\0', '\0', '\x08', static_cast<char>(dims.size())};
-  for (std::uint32_t d : dims)
-    for (int shift = 24; shift >= 0; shift -= 8) h += static_cast<char>((d >> shift) & 0xFF);
-  return h;
+// An IDX header for `dims` followed by `zeros` zero bytes.
+test_data::bytes idx_then_zeros(std::initializer_list<std::uint32_t> dims, std::size_t zeros) {
+  test_data::bytes b = test_data::idx(dims, 0);
+  b.resize(b.size() + zeros);
+  return b;
 }
 
 using mlp = Sequential<policy::cpu, Input<4>, Dense<3>>;
@@ -222,7 +216,7 @@ TEST_CASE("IDX and NPY: declared data beyond read_limits is refused before it is
   // A gzip bomb: 64 MiB of zeros in a file of about 64 KB, honestly declared.
   const std::uint32_t n = 64u << 20;
   const fs::path bomb = dir / "bomb-idx1-ubyte.gz";
-  write_gzip(bomb, idx_header({n}) + std::string(n, '\0'));
+  test_data::write_gzip(bomb, idx_then_zeros({n}, n));
   CHECK(fs::file_size(bomb) < (1u << 20));
   long long grown = peak_heap_growth([&] {
     CHECK_THROWS_WITH_AS(data::read_idx(bomb, {.max_bytes = 1u << 20}),
@@ -231,7 +225,7 @@ TEST_CASE("IDX and NPY: declared data beyond read_limits is refused before it is
   CHECK(grown < (8 << 20));
   // A header that promises little over a stream that inflates far: refused after the promised bytes.
   const fs::path liar = dir / "liar-idx1-ubyte.gz";
-  write_gzip(liar, idx_header({1000}) + std::string(n, '\0'));
+  test_data::write_gzip(liar, idx_then_zeros({1000}, n));
   grown = peak_heap_growth([&] {
     CHECK_THROWS_WITH_AS(data::read_idx(liar), doctest::Contains("unexpected data after the 1000 bytes"), error);
   });
