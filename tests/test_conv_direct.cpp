@@ -1,11 +1,14 @@
 // The direct convolution kernels (kernels/cpu/conv_direct.hpp), the forward and the weight gradient: the bits of im2col
 // and the blocked GEMM for every geometry they take (padding, even "same" kernels, strides, dilation, groups, two k
-// blocks, tiles cut short, float and double, one thread and two), and which geometries they leave to im2col. Then the
+// blocks, tiles cut short, float and double, one thread and two), and which geometries they leave to im2col. The input
+// gradient of a unit-stride convolution (kernels/cpu/conv_direct_input_gradient.hpp): the bits of a forward
+// convolution of dy, within rounding of gemm and col2im. Then the
 // weight and input gradients from a sparse output gradient (kernels/cpu/conv_sparse_gradient.hpp): the same bits
 // again.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -46,6 +49,18 @@ std::vector<T> normal_values(random_generator& rng, index_t count) {
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+// Within rounding: every element within a few units in the last place of the largest magnitude, as two orders of the
+// same sums give.
+template <class T>
+bool close_to(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return false;
+  T largest = 0;
+  for (const T v : b) largest = std::max(largest, std::abs(v));
+  const T bound = 64 * std::numeric_limits<T>::epsilon() * largest;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!(std::abs(a[i] - b[i]) <= bound)) return false;
+  return true;
 }
 
 // conv2d_forward through the direct path and through im2col, on `threads` threads: the same bits.
@@ -91,7 +106,54 @@ void check_weight_gradient(const conv_geometry& g, index_t batch, int threads) {
                                                 g, accumulate);
     CHECK(same_bits(dweight, reference_dweight));
     CHECK(same_bits(dbias, reference_dbias));
-    CHECK(same_bits(dx, reference_dx));
+    // A unit-stride convolution's input gradient takes the direct path too, in its own order of the sums (see
+    // check_input_gradient); any other is shared.
+    if (kernels::cpu::conv_direct_input_gradient_applies<T>(g)) CHECK(close_to(dx, reference_dx));
+    else CHECK(same_bits(dx, reference_dx));
+  }
+}
+
+// conv2d_backward's input gradient, on `threads` threads, on its own and through a ReLU's backward as a fused layer
+// takes it: the bits of a forward convolution of dy with the flipped, transposed weights through im2col and the
+// blocked GEMM (the weights flipped here, apart from the kernel's own packing), and within rounding of the im2col
+// path's gemm and col2im.
+template <class T>
+void check_input_gradient(const conv_geometry& g, index_t batch, int threads) {
+  REQUIRE(kernels::cpu::conv_direct_input_gradient_applies<T>(g));
+  random_generator rng(17);
+  const auto x = normal_values<T>(rng, batch * g.in_size());
+  const auto weight = normal_values<T>(rng, g.out_channels * g.group_k());
+  const auto dy = normal_values<T>(rng, batch * g.out_size());
+  const thread_count team(threads);
+  const index_t in_per_group = g.channels / g.groups, out_per_group = g.out_channels / g.groups;
+  const index_t kh = g.kernel_h, kw = g.kernel_w;
+  std::vector<T> flipped(weight.size());
+  for (index_t grp = 0; grp < g.groups; ++grp)
+    for (index_t c = 0; c < in_per_group; ++c)
+      for (index_t o = 0; o < out_per_group; ++o)
+        for (index_t i = 0; i < kh; ++i)
+          for (index_t j = 0; j < kw; ++j)
+            flipped[static_cast<std::size_t>(((((grp * in_per_group + c) * out_per_group + o) * kh + i) * kw) + j)] =
+                weight[static_cast<std::size_t>(
+                    (((grp * out_per_group + o) * in_per_group + c) * kh + (kh - 1 - i)) * kw + (kw - 1 - j))];
+  const conv_geometry t = kernels::cpu::transposed_geometry(g);
+  REQUIRE(t.out_height == g.height);
+  REQUIRE(t.out_width == g.width);
+  std::vector<T> col(static_cast<std::size_t>(batch * std::max(g.col_size(), t.col_size())));
+  std::vector<T> forward_of_dy(x.size());
+  const T* no_bias = nullptr;
+  policy::cpu::conv2d_forward<im2col_policy>(dy.data(), flipped.data(), no_bias, forward_of_dy.data(), col.data(),
+                                             batch, t);
+  T* const none = nullptr;
+  for (const activation act : {activation::identity, activation::relu}) {
+    CAPTURE(static_cast<int>(act));
+    std::vector<T> dx(x.size()), reference_dx(x.size());
+    policy::cpu::conv2d_backward<policy::cpu>(x.data(), weight.data(), dy.data(), dx.data(), none, none, col.data(),
+                                              batch, g, false, act, x.data());
+    policy::cpu::conv2d_backward<im2col_policy>(x.data(), weight.data(), dy.data(), reference_dx.data(), none, none,
+                                                col.data(), batch, g, false, act, x.data());
+    CHECK(close_to(dx, reference_dx));
+    if (act == activation::identity) CHECK(same_bits(dx, forward_of_dy));
   }
 }
 
@@ -153,6 +215,39 @@ TEST_CASE("direct convolution weight gradient: the bits of im2col and the blocke
       check_weight_gradient<double>(c.g, 5, threads);
     }
   }
+}
+
+TEST_CASE("direct convolution input gradient: a forward convolution of the output gradient") {
+  const without_amx no_amx;
+  struct geometry_case {
+    const char* name;
+    conv_geometry g;
+  };
+  const geometry_case cases[] = {
+      {"the MNIST CNN's second convolution", make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
+      {"the ResNet's first stage (padded, 16 channels)", make_conv_geometry(16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1)},
+      {"padded, 10 input channels (a row tile cut short)", make_conv_geometry(10, 19, 21, 5, 3, 3, 1, 1, 1, 1, 1, 1, 1)},
+      {"k = 576: two k blocks", make_conv_geometry(9, 18, 18, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1)},
+      {"5 x 3, dilated, unequal padding, grouped", make_conv_geometry(6, 40, 37, 10, 5, 3, 1, 1, 2, 1, 2, 2, 2)},
+      {"even kernel, same padding (one more after the end)",
+       make_conv_geometry(6, 32, 32, 4, 2, 2, 1, 1, 0, 0, 1, 1, 1, true)},
+  };
+  for (const auto& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    for (const int threads : {1, 2}) {
+      CAPTURE(threads);
+      check_input_gradient<float>(c.g, 9, threads);
+      check_input_gradient<double>(c.g, 5, threads);
+    }
+  }
+  using kernels::cpu::conv_direct_input_gradient_applies;
+  // Strided: the gradient is not a unit-stride forward convolution.
+  CHECK_FALSE(conv_direct_input_gradient_applies<float>(make_conv_geometry(16, 28, 28, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1)));
+  // Padding past the window's reach would need a negative padding in the transposed convolution.
+  CHECK_FALSE(conv_direct_input_gradient_applies<float>(make_conv_geometry(16, 28, 28, 16, 3, 3, 1, 1, 3, 3, 1, 1, 1)));
+  // Pointwise: gemm reads dy in place already, with no col2im.
+  CHECK_FALSE(conv_direct_input_gradient_applies<float>(make_conv_geometry(16, 28, 28, 16, 1, 1, 1, 1, 0, 0, 1, 1, 1)));
 }
 
 TEST_CASE("direct convolution: which geometries it leaves to im2col") {

@@ -1,7 +1,8 @@
 // Convolution on the CPU: im2col / col2im (the convolution becomes one GEMM per sample and group), the per-channel
 // bias of NCHW tensors, and the convolution itself built from them. The GEMM is the policy's; on kiln's own GEMM the
 // forward and the weight gradient of most convolutions read the input in place instead (conv_direct.hpp), with the
-// same bits.
+// same bits, and the input gradient of unit-stride ones is a forward convolution of dy
+// (conv_direct_input_gradient.hpp).
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "kiln/core/memory.hpp"
 #include "kiln/kernels/activation.hpp"
 #include "kiln/kernels/cpu/conv_direct.hpp"
+#include "kiln/kernels/cpu/conv_direct_input_gradient.hpp"
 #include "kiln/kernels/cpu/conv_geometry.hpp"
 #include "kiln/kernels/cpu/conv_sparse_gradient.hpp"
 #include "kiln/kernels/cpu/elementwise.hpp"
@@ -210,9 +212,15 @@ struct conv_kernels {
     if (!dx) return;
     // The input gradient is per sample: batch slices, as in the forward, each slice's column gradients in the place
     // of its first sample's.
+    // A unit-stride convolution on kiln's own GEMM takes the input gradient as a forward convolution of dy
+    // (conv_direct_input_gradient.hpp), with weights packed once, here, and read by every thread.
     [[maybe_unused]] bool sparse_dx = false;
-    if constexpr (requires { requires Policy::direct_convolution; })
+    const T* direct_weights = nullptr;
+    if constexpr (requires { requires Policy::direct_convolution; }) {
       sparse_dx = conv_sparse_input_gradient_applies<T>(g);
+      if (!sparse_dx && conv_direct_input_gradient_applies<T>(g, Policy::gemm_precision()))
+        direct_weights = conv_direct_pack_transposed_weights(weight, g);
+    }
     with_activation(input_act, [&](auto kind) {
       Policy::for_batch_slices(batch, g.out_channels * plane * k, [&](index_t n0, index_t n1) {
         [[maybe_unused]] const T* sparse_weights = nullptr;
@@ -224,6 +232,10 @@ struct conv_kernels {
           bool done = false;
           if constexpr (std::is_same_v<T, float>)
             done = sparse_weights && conv2d_sparse_input_gradient(sparse_weights, dy + n * g.out_size(), sample_dx, g);
+          if (direct_weights) {
+            conv2d_direct_input_gradient(dy + n * g.out_size(), direct_weights, sample_dx, g);
+            done = true;
+          }
           T* dcol = g.pointwise() ? sample_dx : col + n0 * g.col_size();
           for (index_t grp = 0; grp < g.groups && !done; ++grp)
             Policy::gemm(true, false, k, plane, out_per_group, T(1), weight + grp * out_per_group * k, k,

@@ -43,7 +43,9 @@ enum class conv_scratch_use {
   sparse_window_places,
   sparse_bands,
   sparse_input_gradient_weights,
-  sparse_input_gradient_sums
+  sparse_input_gradient_sums,
+  transposed_weights,
+  packed_transposed_weights
 };
 // The calling thread's buffer for one use: grows to the largest size seen, then is reused, so a steady training step
 // allocates nothing. Valid until the thread's next call for the same use; other threads may read it meanwhile.
@@ -267,15 +269,15 @@ bool conv_direct_applies(const conv_geometry& g, product_precision precision = p
   return 8 * (in.pitch - g.out_width) <= in.pitch;
 }
 
-// The weights as conv2d_direct_forward reads them, packed once per forward into the calling thread's scratch (valid
-// until its next call; other threads may read it meanwhile): for each group, each tile of output channels and each
-// window element in order, the tile's channels side by side, zeros past the group's last channel.
-template <class T>
+// The weights as conv2d_direct_forward reads them, packed once per forward into the calling thread's scratch for `Use`
+// (valid until its next call for that use; other threads may read it meanwhile): for each group, each tile of output
+// channels and each window element in order, the tile's channels side by side, zeros past the group's last channel.
+template <class T, conv_scratch_use Use = conv_scratch_use::packed_weights>
 const T* conv_direct_pack_weights(const T* weight, const conv_geometry& g) {
   constexpr index_t rows = conv_direct_detail::tile_shape<T>::rows;
   const index_t k = g.group_k(), out_per_group = g.out_channels / g.groups;
   const index_t size = g.groups * gemm_detail::round_up(out_per_group, rows) * k;
-  T* packed = conv_scratch<T, conv_scratch_use::packed_weights>(size);
+  T* packed = conv_scratch<T, Use>(size);
   T* to = packed;
   for (index_t grp = 0; grp < g.groups; ++grp)
     for (index_t o0 = 0; o0 < out_per_group; o0 += rows)
