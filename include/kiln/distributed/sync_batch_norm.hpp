@@ -8,8 +8,9 @@
 //
 // BatchNorm keeps per-rank statistics (each rank normalises by its own share's mean and variance); SyncBatchNorm is
 // the option that normalises every rank's share by the mean and variance of all of them, so that 2 ranks of 32
-// samples compute what one process computes on the 64. Its parameters and buffers are BatchNorm's, under the same
-// names (weight, bias, running_mean, running_var, num_batches_tracked), so state dicts move between the two.
+// samples compute what one process computes on the 64. (Static mode's is a layer, kiln::SyncBatchNorm1d / 2d in
+// layers/sync_batch_norm.hpp.) Its parameters and buffers are BatchNorm's, under the same names (weight, bias,
+// running_mean, running_var, num_batches_tracked), so state dicts move between the two.
 //
 // In training its forward is differentiable ops around all_reduce_sum, an op whose gradient is itself an all-reduce
 // sum of the output's gradient (the adjoint of a sum over the ranks): per channel, mean = all_reduce_sum(sum(x)) /
