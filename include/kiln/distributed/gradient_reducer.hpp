@@ -140,10 +140,11 @@ class gradient_reducer {
   }
 
   // Runs collective(), a blocking collective of the caller's own over the same group, in the middle of a step (a
-  // SyncBatchNorm's sums, in the forward or the backward), where it stays in step with the buckets on every rank: the
-  // buckets closed so far start first (by then every rank has closed the same ones, through the same ready() calls),
-  // then collective() runs while the progress thread makes no MPI call (MPI_THREAD_SERIALIZED: one thread at a time).
-  // Outside a step it just runs collective().
+  // SyncBatchNorm's sums, in the forward or the backward; dynamic_data_parallel::average() between its backward and
+  // reduce_gradients()), where it stays in step with the buckets on every rank: the buckets closed so far start first
+  // (by then every rank has closed the same ones, through the same ready() calls), then collective() runs while the
+  // progress thread makes no MPI call (MPI_THREAD_SERIALIZED: one thread at a time). Outside a step it just runs
+  // collective().
   template <class Collective>
   void within_step(Collective&& collective) {
     std::lock_guard lock(mutex_);

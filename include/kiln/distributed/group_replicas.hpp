@@ -1,6 +1,7 @@
 // kiln::distributed::group_replicas: kiln::replica_reducer (core/replicas.hpp) over the ranks of a process group, each
 // rank one replica of a data-parallel model. static_data_parallel holds one and lends it to the model it wraps
-// (Sequential::set_replicas), through which static mode's SyncBatchNorm sums its statistics over the ranks.
+// (Sequential::set_replicas), through which static mode's SyncBatchNorm sums its statistics over the ranks;
+// dynamic_data_parallel lends its own to the module's distributed::SyncBatchNorm layers on its group.
 //
 // A sum is a blocking all-reduce on the group. During a training step the gradient reducer may have buckets in flight
 // on the same group, started by its progress thread at moments that differ from rank to rank; a sum therefore runs

@@ -488,13 +488,7 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   policy_buffer<T> input_stage_, target_stage_;
   policy_buffer<std::int64_t> label_stage_;
   aligned_buffer<T> output_host_;
-  // See set_replicas: the pointer stays with this object through copies and moves of the model.
-  struct lent_replicas {
-    replica_reducer* lent = nullptr;
-    lent_replicas() = default;
-    lent_replicas(const lent_replicas&) noexcept {}
-    lent_replicas& operator=(const lent_replicas&) noexcept { return *this; }
-  } replicas_;
+  lent_replicas replicas_;  // see set_replicas
   step_profile* profile_ = nullptr;  // set during a profiled train_step
   detail::profile_clock profile_clock_;
 };
