@@ -356,6 +356,12 @@ int main(int argc, char** argv) try {
     resnet rn(8, 33);
     train_static(rn, shape{8, 3, 8, 8}, 4);
     static_case(dir, "static_block_resnet", rn, shape{5, 3, 8, 8});
+    // Static SyncBatchNorm1d / 2d, trained alone (BatchNorm's kernels): BatchNorm's BatchNormalization nodes.
+    using synced = Sequential<policy::cpu, Input<3, 8, 8>, Conv2D<6, 3, pad1>, SyncBatchNorm2d<>, ReLU, Conv2D<6, 3>,
+                              SyncBatchNorm2d<0.2, 1e-3, false>, Flatten, Dense<8>, SyncBatchNorm1d<>, Dense<3>>;
+    synced sb(8, 35);
+    train_static(sb, shape{8, 3, 8, 8}, 3);
+    static_case(dir, "static_sync_batch_norm", sb, shape{5, 3, 8, 8});
     manual_seed(33);
     auto dyn_rn = nn::Sequential(
         nn::Conv2d(3, 8, 3, 1, 1), nn::BatchNorm2d(8), nn::ReLU(),

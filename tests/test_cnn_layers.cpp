@@ -1,6 +1,7 @@
 // Convolution, pooling, normalisation and dropout in both modes: finite-difference gradient checks in double (static
 // through a Sequential, dynamic per op and module), static and dynamic agreement on a small CNN, buffers versus
-// parameters in state_dict, and dropout's statistics.
+// parameters in state_dict, static SyncBatchNorm in one process (BatchNorm's bits, alone or through one replica's
+// sums), and dropout's statistics.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -9,7 +10,9 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/dynamic/nn.hpp"
@@ -60,9 +63,11 @@ void check_static_gradients(Net& net, const Tensor<double>& x, const Tensor<doub
   CHECK(worst < 1e-6);
 }
 
+// replicas: the sums over the replicas the model's SyncBatchNorm layers take, or null for a model alone.
 template <class Net>
-void run_static_check(std::uint64_t seed, index_t batch = 3) {
+void run_static_check(std::uint64_t seed, index_t batch = 3, replica_reducer* replicas = nullptr) {
   Net net(batch, seed);
+  net.set_replicas(replicas);
   // Perturb the parameters away from the tidy initial values (BatchNorm's 1 and 0) so every term is exercised.
   random_generator rng(seed + 100);
   for (auto& p : net.parameter_values()) p += 0.1 * rng.normal<double>();
@@ -70,6 +75,49 @@ void run_static_check(std::uint64_t seed, index_t batch = 3) {
   Tensor<double> target(Net::output_shape::batch_shape(batch));
   for (auto& v : target.span()) v = rng.normal<double>();
   check_static_gradients(net, x, target);
+}
+
+// The sums over the replicas of a model alone as data-parallel training would see it, one replica: every value is
+// its own sum. It counts the sums asked for.
+struct one_replica final : replica_reducer {
+  int sums = 0;
+  void sum(std::span<float>) override { ++sums; }
+  void sum(std::span<double>) override { ++sums; }
+};
+
+// A convolutional net whose normalisation layers are Norm2d and Norm1d: three Norm2d (one in a Residual's body, one in
+// its Shortcut) and one Norm1d.
+template <class Norm2d, class Norm1d>
+using normalized_net =
+    Sequential<policy::cpu, Input<2, 6, 6>, Conv2D<4, 3, conv_options{.padding = 1}>, Norm2d, ReLU,
+               Residual<Shortcut<Conv2D<6, 1, conv_options{.stride = 2}>, Norm2d>,
+                        Conv2D<6, 3, conv_options{.stride = 2, .padding = 1}>, Norm2d, ReLU>,
+               Flatten, Dense<8>, Norm1d, Tanh, Dense<3>>;
+
+// Trains a and b (the same layers and seed) for `steps` SGD steps on one batch of `batch` samples: the same losses
+// and gradients at every step, then the same state dict (names and values) and the same predictions, bit for bit.
+template <class A, class B>
+void require_same_bits(A& a, B& b, index_t batch, int steps) {
+  random_generator rng(12);
+  Tensor<float> x(A::input_shape::batch_shape(batch));
+  for (auto& v : x.span()) v = 0.5f + rng.normal<float>();
+  Tensor<std::int64_t> labels(shape{batch});
+  for (auto& l : labels.span()) l = static_cast<std::int64_t>(rng.below(A::output_shape::size));
+  optim::SGD sgd_a({.lr = 0.1, .momentum = 0.9}), sgd_b({.lr = 0.1, .momentum = 0.9});
+  for (int step = 0; step < steps; ++step) {
+    CAPTURE(step);
+    const float loss_a = a.train_step(x, labels, loss::cross_entropy{}, sgd_a);
+    REQUIRE(loss_a == b.train_step(x, labels, loss::cross_entropy{}, sgd_b));
+    REQUIRE(std::ranges::equal(a.gradient_values(), b.gradient_values()));
+  }
+  const auto dict_a = a.state_dict(), dict_b = b.state_dict();
+  REQUIRE(dict_a.size() == dict_b.size());
+  for (std::size_t i = 0; i < dict_a.size(); ++i) {
+    CAPTURE(dict_a[i].first);
+    CHECK(dict_a[i].first == dict_b[i].first);
+    CHECK(std::ranges::equal(dict_a[i].second.span(), dict_b[i].second.span()));
+  }
+  CHECK(std::ranges::equal(a.predict(x).span(), b.predict(x).span()));
 }
 
 // ---- dynamic mode --------------------------------------------------------------------------------------------------
@@ -167,6 +215,19 @@ TEST_CASE("static gradients: BatchNorm1d, BatchNorm2d (training), LayerNorm") {
   using Ln = Sequential<policy::cpu, InputOf<double, 2, 3, 4>, Conv2D<3, 1>, LayerNorm<3, 4>, Tanh, LayerNorm<>,
                         Conv2D<2, 1>, layer_norm_layer<1e-3, false, 4>, Flatten, Dense<3>, LayerNorm<3>>;
   run_static_check<Ln>(6, 2);
+}
+
+TEST_CASE("static gradients: SyncBatchNorm1d, SyncBatchNorm2d through the sums over the replicas") {
+  // With one replica's sums the layers take their data-parallel path: the statistics from sums over the replicas,
+  // the input gradient from the summed gradient sums. The first layer (no dx to write) still takes part in the sums.
+  one_replica replicas;
+  using Bn2 = Sequential<policy::cpu, InputOf<double, 2, 4, 4>, Conv2D<3, 3>, SyncBatchNorm2d<>, Tanh, Flatten,
+                         Dense<5>, SyncBatchNorm1d<0.2>, Tanh, Dense<2>>;
+  run_static_check<Bn2>(4, 4, &replicas);
+  using Bn1L = Sequential<policy::cpu, InputOf<double, 3, 4>, SyncBatchNorm1d<0.1, 1e-3, false>, Tanh, Flatten,
+                          Dense<2>>;
+  run_static_check<Bn1L>(7, 3, &replicas);
+  CHECK(replicas.sums > 0);
 }
 
 TEST_CASE("static shapes: inference and accepts") {
@@ -387,6 +448,35 @@ TEST_CASE("BatchNorm keeps running statistics as buffers, apart from its paramet
   model.eval();
   model(x);
   CHECK(model.named_buffers()[2].second.item() == 2.0f);
+}
+
+TEST_CASE("SyncBatchNorm without replicas is BatchNorm: the same names, the same bits") {
+  // A model alone (not data-parallel) runs BatchNorm's kernels, in the Sequential and inside blocks.
+  normalized_net<BatchNorm2d<>, BatchNorm1d<0.2>> batch_norm(6, 3);
+  normalized_net<SyncBatchNorm2d<>, SyncBatchNorm1d<0.2>> synced(6, 3);
+  CHECK(synced.replicas() == nullptr);
+  require_same_bits(batch_norm, synced, 6, 5);
+  CHECK(synced.summary_rows()[1].name == "SyncBatchNorm2d");
+}
+
+TEST_CASE("SyncBatchNorm through one replica's sums: BatchNorm's bits, every layer summing in every training pass") {
+  // The data-parallel path with one replica sums nothing, and computes what BatchNorm computes by the same code. The
+  // layers inside the Residual and its Shortcut reach the sums too: two in each forward and one in each backward, for
+  // each of the four layers; evaluation sums nothing.
+  normalized_net<BatchNorm2d<>, BatchNorm1d<0.2>> batch_norm(6, 3);
+  normalized_net<SyncBatchNorm2d<>, SyncBatchNorm1d<0.2>> synced(6, 3);
+  one_replica replicas;
+  synced.set_replicas(&replicas);
+  require_same_bits(batch_norm, synced, 6, 5);
+  CHECK(replicas.sums == 5 * 4 * 3);
+  // The replicas stay with the object they were lent to: a copy or a move is a model alone, and a model assigned to
+  // keeps its own.
+  auto copy = synced;
+  CHECK(copy.replicas() == nullptr);
+  const auto moved = std::move(copy);
+  CHECK(moved.replicas() == nullptr);
+  synced = moved;
+  CHECK(synced.replicas() == &replicas);
 }
 
 TEST_CASE("Dropout: two layers draw masks of their own, the same in both modes") {

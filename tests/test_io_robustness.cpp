@@ -838,6 +838,43 @@ TEST_CASE("export_onnx: CNN graphs name every value once, around the user's name
   }
 }
 
+TEST_CASE("export_onnx: static SyncBatchNorm1d / 2d write BatchNorm1d / 2d's graph, bytes and names alike") {
+  // SyncBatchNorm evaluates as BatchNorm, so it exports as BatchNorm: with and without affine, eps and momentum of
+  // their own, trained alone first (BatchNorm's kernels) so that the running statistics are not the initial ones.
+  using synced = Sequential<policy::cpu, Input<3, 6, 6>, Conv2D<4, 3>, SyncBatchNorm2d<>, ReLU, Conv2D<4, 1>,
+                            SyncBatchNorm2d<0.2, 1e-3, false>, Flatten, Dense<5>, SyncBatchNorm1d<>, Dense<2>>;
+  using plain = Sequential<policy::cpu, Input<3, 6, 6>, Conv2D<4, 3>, BatchNorm2d<>, ReLU, Conv2D<4, 1>,
+                           BatchNorm2d<0.2, 1e-3, false>, Flatten, Dense<5>, BatchNorm1d<>, Dense<2>>;
+  synced net(4, 1);
+  random_generator rng(4);
+  Tensor<float> x(shape{4, 3, 6, 6});
+  for (auto& v : x.span()) v = 0.5f + rng.normal<float>();
+  Tensor<std::int64_t> y(shape{4});
+  for (auto& v : y.span()) v = static_cast<std::int64_t>(rng.below(2));
+  optim::SGD sgd({.lr = 0.1});
+  for (int step = 0; step < 3; ++step) net.train_step(x, y, loss::cross_entropy{}, sgd);
+  plain same(4, 0);
+  same.load_state_dict(net.state_dict());
+  for (int opset : {13, 17}) {
+    CAPTURE(opset);
+    const std::string bytes = io::onnx_model_bytes(net, {.opset = opset});
+    CHECK(bytes == io::onnx_model_bytes(same, {.opset = opset}));
+    const auto g = read_graph(bytes);
+    check_well_formed(g);
+    // The running statistics the graph reads are the trained ones.
+    for (const auto& [name, tensor] : net.state_dict()) {
+      if (!name.ends_with("running_var")) continue;
+      CAPTURE(name);
+      const auto at = std::find(g.initializers.begin(), g.initializers.end(), name);
+      REQUIRE(at != g.initializers.end());
+      CHECK(g.initializer_data.at(static_cast<std::size_t>(at - g.initializers.begin())) ==
+            std::string(reinterpret_cast<const char*>(tensor.data()),
+                        static_cast<std::size_t>(tensor.numel()) * sizeof(float)));
+      CHECK(std::ranges::none_of(tensor.span(), [](float v) { return v == 1.0f; }));
+    }
+  }
+}
+
 TEST_CASE("export_onnx: the graph is the evaluation-mode model whatever its mode, and Dropout writes nothing") {
   using net_type = Sequential<policy::cpu, Input<2, 6, 6>, Conv2D<3, 3>, BatchNorm2d<>, Dropout<0.5>, Flatten,
                               Dense<2>>;

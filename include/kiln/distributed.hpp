@@ -10,6 +10,7 @@
 #include "kiln/distributed/dynamic_data_parallel.hpp"
 #include "kiln/distributed/gradient_reducer.hpp"
 #include "kiln/distributed/group_distribution.hpp"
+#include "kiln/distributed/group_replicas.hpp"
 #include "kiln/distributed/process_group.hpp"
 #include "kiln/distributed/shard_dataset.hpp"
 #include "kiln/distributed/static_data_parallel.hpp"

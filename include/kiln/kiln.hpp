@@ -1,6 +1,7 @@
 // kiln: the umbrella header of both modes. It includes
-//   - static mode: kiln::Sequential, Input and every layer (Dense, Conv2D, pooling, BatchNorm, LayerNorm, Dropout,
-//     Flatten, Softmax, LSTM, GRU, the activations), the options, and kiln::fused_mlp_trainer on the CPU policies;
+//   - static mode: kiln::Sequential, Input and every layer (Dense, Conv2D, pooling, BatchNorm, SyncBatchNorm,
+//     LayerNorm, Dropout, Flatten, Softmax, LSTM, GRU, the activations), the options, and kiln::fused_mlp_trainer on
+//     the CPU policies;
 //   - dynamic mode: kiln/dynamic/nn.hpp, all of it (nn::Variable and autograd, the functional ops, nn::Module and the
 //     nn modules);
 //   - what both modes share: Tensor, the random generator and initialisers, threads, the CPU policies, the losses
@@ -33,6 +34,7 @@
 #include "kiln/layers/gru.hpp"
 #include "kiln/layers/lstm.hpp"
 #include "kiln/layers/softmax.hpp"
+#include "kiln/layers/sync_batch_norm.hpp"
 #include "kiln/layers/time_distributed.hpp"
 #include "kiln/layers/tokens.hpp"
 #include "kiln/layers/transformer_encoder_layer.hpp"

@@ -27,6 +27,17 @@
 //   adam.step();
 //
 // Buffers (running statistics) are rank 0's at the start and each rank's own afterwards.
+//
+// Other collectives on the group. Every rank must make the same collectives on the group in the same order (in
+// training, each forward and each backward of a SyncBatchNorm layer makes some; so does each call to average()).
+// Between backward() and reduce_gradients() buckets may be in flight, started by the reducer's progress thread at
+// moments that differ from rank to rank, so a collective there must also come in the same place among the buckets on
+// every rank, and must not call MPI beside that thread: it runs through the reducer's within_step, which starts the
+// buckets closed so far and then runs it under the reducer's lock. The wrapper's replicas (group_replicas,
+// replicas()) sum that way. It lends them to the module's distributed::SyncBatchNorm layers on its group while it
+// wraps the module (set_replicas); a layer of the program's own sums through all_reduce_sum(x, ddp.replicas()); and
+// average() goes the same way. A SyncBatchNorm on another group is not lent them: under ddp.backward its all-reduces
+// would call MPI beside the progress thread, so such a model takes a plain loss.backward().
 #pragma once
 
 #include <algorithm>
@@ -41,8 +52,10 @@
 #include "kiln/dynamic/policy.hpp"
 #include "kiln/dynamic/variable.hpp"
 #include "kiln/distributed/gradient_reducer.hpp"
+#include "kiln/distributed/group_replicas.hpp"
 #include "kiln/distributed/process_group.hpp"
 #include "kiln/distributed/static_data_parallel.hpp"
+#include "kiln/distributed/sync_batch_norm.hpp"
 
 namespace kiln::distributed {
 
@@ -55,9 +68,10 @@ class basic_dynamic_data_parallel {
 
   // Checks that every rank's module has the same parameters (every rank fails, naming each rank's count, when one
   // differs) and copies rank 0's parameters and buffers to the others. The parameters that require grad now are
-  // the ones reduced. Every rank must make it at the same point of the program.
+  // the ones reduced, and the SyncBatchNorm layers on this group now are the ones lent the replicas. Every rank must
+  // make it at the same point of the program. The module outlives the wrapper.
   basic_dynamic_data_parallel(nn::basic_module<T>& module, process_group& group, bucket_options options = {})
-      : module_(&module), group_(&group), reducer_(group, options) {
+      : module_(&module), group_(&group), reducer_(group, options), replicas_(group, &reducer_) {
     index_t offset = 0;
     std::uint64_t h = detail::fingerprint_seed;
     for (const auto& [name, p] : module.named_parameters()) {
@@ -73,7 +87,15 @@ class basic_dynamic_data_parallel {
     for (const auto& e : entries_) leaves_.push_back(e.parameter.node());
     ready_.assign(entries_.size(), false);
     broadcast_state();
+    for_each_sync_batch_norm([&](basic_sync_batch_norm<T>& norm) { norm.set_replicas(&replicas_); });
   }
+  // The module's SyncBatchNorm layers sum on the group itself again.
+  ~basic_dynamic_data_parallel() {
+    for_each_sync_batch_norm([&](basic_sync_batch_norm<T>& norm) {
+      if (norm.replicas() == &replicas_) norm.set_replicas(nullptr);
+    });
+  }
+  // The module's layers hold the address of this wrapper's replicas.
   basic_dynamic_data_parallel(const basic_dynamic_data_parallel&) = delete;
   basic_dynamic_data_parallel& operator=(const basic_dynamic_data_parallel&) = delete;
 
@@ -122,15 +144,18 @@ class basic_dynamic_data_parallel {
     }
   }
 
-  // The average over the ranks of one number per rank (a loss, a metric): a blocking all-reduce.
+  // The average over the ranks of one number per rank (a loss, a metric): a blocking all-reduce, in its place among
+  // the buckets when called between backward() and reduce_gradients().
   double average(double value) {
-    group_->all_reduce(std::span<double>(&value, 1), reduce_op::average, "average");
+    reducer_.within_step([&] { group_->all_reduce(std::span<double>(&value, 1), reduce_op::average, "average"); });
     return value;
   }
 
   nn::basic_module<T>& module() { return *module_; }
   process_group& group() { return *group_; }
   const gradient_reducer<T>& reducer() const { return reducer_; }
+  // Sums over the ranks that keep their place among the gradient buckets (see the top of this file).
+  replica_reducer& replicas() { return replicas_; }
 
  private:
   struct entry {
@@ -138,6 +163,14 @@ class basic_dynamic_data_parallel {
     index_t offset;  // in flat_, registration order
   };
   static std::size_t bytes(index_t count) { return static_cast<std::size_t>(count) * sizeof(T); }
+
+  // Calls fn on every SyncBatchNorm in the module that sums over this wrapper's group.
+  template <class Fn>
+  void for_each_sync_batch_norm(Fn fn) {
+    module_->apply([&](nn::basic_module<T>& m) {
+      if (auto* norm = dynamic_cast<basic_sync_batch_norm<T>*>(&m); norm && &norm->group() == group_) fn(*norm);
+    });
+  }
 
   // Copies entry k's gradient into the flat buffer and reports it final to the reducer (k counts down).
   void hand_over(std::size_t k) {
@@ -167,6 +200,7 @@ class basic_dynamic_data_parallel {
   nn::basic_module<T>* module_;
   process_group* group_;
   gradient_reducer<T> reducer_;
+  group_replicas<T> replicas_;  // over group_, through reducer_
   std::vector<entry> entries_;
   aligned_buffer<T> flat_;
   std::vector<nn::detail::variable_node<T>*> leaves_;  // entries_' parameters, as the tape sees them

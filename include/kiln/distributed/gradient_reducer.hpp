@@ -139,6 +139,19 @@ class gradient_reducer {
     if (buckets_.empty()) active_ = false;
   }
 
+  // Runs collective(), a blocking collective of the caller's own over the same group, in the middle of a step (a
+  // SyncBatchNorm's sums, in the forward or the backward; dynamic_data_parallel::average() between its backward and
+  // reduce_gradients()), where it stays in step with the buckets on every rank: the buckets closed so far start first
+  // (by then every rank has closed the same ones, through the same ready() calls), then collective() runs while the
+  // progress thread makes no MPI call (MPI_THREAD_SERIALIZED: one thread at a time). Outside a step it just runs
+  // collective().
+  template <class Collective>
+  void within_step(Collective&& collective) {
+    std::lock_guard lock(mutex_);
+    if (active_ && options_.overlap) post_visible();
+    collective();
+  }
+
   // The buckets of the last step, and the time its finish() took (the part of the all-reduces not hidden).
   std::size_t bucket_count() const { return buckets_.size(); }
   double wait_seconds() const { return wait_seconds_; }
@@ -167,8 +180,9 @@ class gradient_reducer {
   }
 
   // The progress thread: starts each bucket once it is closed, polls those in flight every poll_interval, divides
-  // each sum as it arrives, and tells finish() once every bucket is done (or the first error). It is the only thread
-  // that calls MPI from a step's begin() to the end of its finish(); the caller's thread calls none in between.
+  // each sum as it arrives, and tells finish() once every bucket is done (or the first error). From a step's begin()
+  // to the end of its finish() it calls MPI only under mutex_, and the caller's thread only inside within_step(),
+  // which holds it.
   void progress() {
     std::unique_lock lock(mutex_);
     for (;;) {

@@ -13,6 +13,11 @@
 // first: net.forward_backward tells as each layer's gradients are final, and their bucket's all-reduce starts while
 // the layers below are still in their backward. Then the unchanged optimizer step. Buffers (BatchNorm's running
 // statistics) are rank 0's at the start and each rank's own afterwards, as DDP's without broadcast_buffers.
+//
+// While it wraps the model, the model's replicas are the ranks (group_replicas, lent through Sequential::set_replicas):
+// SyncBatchNorm1d / 2d layers normalise by the statistics of the whole batch across the ranks, and every rank must
+// run each training pass of the model (train_step, forward in training mode) together with the others. Why the
+// averaged gradients are then the whole batch's: layers/sync_batch_norm.hpp.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +28,7 @@
 #include "kiln/core/tensor.hpp"
 #include "kiln/distributed/gradient_reducer.hpp"
 #include "kiln/distributed/group_distribution.hpp"
+#include "kiln/distributed/group_replicas.hpp"
 #include "kiln/distributed/process_group.hpp"
 #include "kiln/train/distribution.hpp"
 
@@ -55,14 +61,22 @@ class static_data_parallel {
   // when one differs) and copies rank 0's parameters and buffers to the others. Every rank must make it at the same
   // point of the program.
   static_data_parallel(Net& net, process_group& group, bucket_options options = {})
-      : net_(&net), group_(&group), reducer_(group, options) {
+      : net_(&net), group_(&group), reducer_(group, options), replicas_(group, &reducer_) {
     group.check_same(Net::flat_parameter_size, "number of parameter values (the model's flat buffer, with padding)");
     group.check_same(Net::flat_buffer_size, "number of buffer values (running statistics)");
     std::uint64_t h = detail::fingerprint_seed;
     for (const auto& p : Net::named_parameter_infos()) h = detail::fingerprint(h, p.name, p.shape);
     group.check_same(static_cast<std::int64_t>(h), "fingerprint of the parameter names and shapes");
     broadcast_state();
+    net.set_replicas(&replicas_);
   }
+  // The model is a model alone again: its SyncBatchNorm layers compute as BatchNorm.
+  ~static_data_parallel() {
+    if (net_->replicas() == &replicas_) net_->set_replicas(nullptr);
+  }
+  // The model holds the address of this wrapper's replicas.
+  static_data_parallel(const static_data_parallel&) = delete;
+  static_data_parallel& operator=(const static_data_parallel&) = delete;
 
   // Copies the parameters and buffers of rank `root` to every rank.
   void broadcast_state(int root = 0) {
@@ -110,6 +124,7 @@ class static_data_parallel {
   Net* net_;
   process_group* group_;
   gradient_reducer<T> reducer_;
+  group_replicas<T> replicas_;
   group_distribution distribution_{*group_};
 };
 

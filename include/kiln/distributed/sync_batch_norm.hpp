@@ -8,8 +8,9 @@
 //
 // BatchNorm keeps per-rank statistics (each rank normalises by its own share's mean and variance); SyncBatchNorm is
 // the option that normalises every rank's share by the mean and variance of all of them, so that 2 ranks of 32
-// samples compute what one process computes on the 64. Its parameters and buffers are BatchNorm's, under the same
-// names (weight, bias, running_mean, running_var, num_batches_tracked), so state dicts move between the two.
+// samples compute what one process computes on the 64. (Static mode's is a layer, kiln::SyncBatchNorm1d / 2d in
+// layers/sync_batch_norm.hpp.) Its parameters and buffers are BatchNorm's, under the same names (weight, bias,
+// running_mean, running_var, num_batches_tracked), so state dicts move between the two.
 //
 // In training its forward is differentiable ops around all_reduce_sum, an op whose gradient is itself an all-reduce
 // sum of the output's gradient (the adjoint of a sum over the ranks): per channel, mean = all_reduce_sum(sum(x)) /
@@ -19,15 +20,22 @@
 // loss of the whole batch. The running statistics take the global mean and the global unbiased variance. In
 // evaluation it is BatchNorm (the running statistics, no communication).
 //
-// Every rank must call forward and backward the same number of times in the same order: each is a collective.
+// Every rank must call forward and backward the same number of times in the same order: each is a collective (in
+// training). Under dynamic_data_parallel the wrapper's reducer may have gradient buckets in flight on the same group
+// while the backward runs (ddp.backward(loss) starts them from its progress thread, at moments that differ from rank
+// to rank), so the wrapper lends the module its replicas (group_replicas, set_replicas) while it wraps it, and every
+// sum of the forward and the backward goes through them: through the reducer's within_step, which starts the buckets
+// closed so far first, so that the sum comes in the same place among the buckets on every rank, and keeps the two
+// threads from calling MPI at once. A forward keeps the replicas it ran with for its backward: the wrapper outlives
+// the backward of a forward it lent them to.
 #pragma once
 
-#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kiln/core/config.hpp"
+#include "kiln/core/replicas.hpp"
 #include "kiln/dynamic/functional/arithmetic.hpp"
 #include "kiln/dynamic/functional/common.hpp"
 #include "kiln/dynamic/functional/normalization.hpp"
@@ -43,9 +51,19 @@ namespace kiln::distributed {
 
 namespace detail {
 
+// Replaces values by their sums over the ranks: through replicas where they are given (those of a data-parallel
+// wrapper, which keep the sum in step with its gradient buckets), else by an all-reduce on the group.
+template <class U>
+void sum_over_ranks(process_group* group, replica_reducer* replicas, std::span<U> values, const char* what) {
+  if (replicas) replicas->sum(values);
+  else group->all_reduce(values, reduce_op::sum, what);
+}
+
+// Where all_reduce_sum sums: one of the two is set.
 template <class T>
 struct all_reduce_state : nn::detail::saved_state<T> {
   process_group* group = nullptr;
+  replica_reducer* replicas = nullptr;
 };
 
 // The gradient of y = all_reduce_sum(x): dx = the sum over the ranks of dy.
@@ -55,19 +73,16 @@ void all_reduce_backward_entry(const nn::detail::tape_entry<T>& e) {
   nn::detail::variable_node<T>* input = state.inputs[0];
   const index_t n = input->shape.numel();
   std::vector<T> summed(e.out->grad, e.out->grad + n);
-  state.group->all_reduce(std::span<T>(summed), reduce_op::sum, "all_reduce_sum backward");
+  sum_over_ranks(state.group, state.replicas, std::span<T>(summed), "all_reduce_sum backward");
   auto target = nn::detail::grad_target_for(input);
   if (!target.data) return;
   if (target.accumulate) nn::dynamic_policy::accumulate(summed.data(), target.data, n);
   else nn::dynamic_policy::copy(summed.data(), target.data, n);
 }
 
-}  // namespace detail
-
-// The element-wise sum of x over the ranks of group, differentiable: its gradient on each rank is the sum over the
-// ranks of the output's gradient. Every rank must call it with x of the same shape.
+// all_reduce_sum below, summing as sum_over_ranks does.
 template <class T>
-nn::basic_variable<T> all_reduce_sum(const nn::basic_variable<T>& x, process_group& group) {
+nn::basic_variable<T> all_reduce_sum(const nn::basic_variable<T>& x, process_group* group, replica_reducer* replicas) {
   static_assert(nn::dynamic_policy::host_accessible,
                 "kiln::distributed::all_reduce_sum: MPI reduces host memory; dynamic mode on a GPU policy needs a "
                 "process group over NCCL");
@@ -75,15 +90,31 @@ nn::basic_variable<T> all_reduce_sum(const nn::basic_variable<T>& x, process_gro
   const bool record = nn::detail::should_record<T>({xn});
   auto y = nn::detail::make_output<T>(xn->shape, record);
   nn::dynamic_policy::copy(xn->value, y.data(), xn->shape.numel());
-  group.all_reduce(std::span<T>(y.data(), static_cast<std::size_t>(xn->shape.numel())), reduce_op::sum,
-                   "all_reduce_sum");
+  sum_over_ranks(group, replicas, std::span<T>(y.data(), static_cast<std::size_t>(xn->shape.numel())),
+                 "all_reduce_sum");
   if (record) {
-    auto state = std::make_unique<detail::all_reduce_state<T>>();
+    auto state = std::make_unique<all_reduce_state<T>>();
     state->keep_input(xn);
-    state->group = &group;
-    nn::detail::tape<T>::instance().record(&detail::all_reduce_backward_entry<T>, y.node(), std::move(state));
+    state->group = group;
+    state->replicas = replicas;
+    nn::detail::tape<T>::instance().record(&all_reduce_backward_entry<T>, y.node(), std::move(state));
   }
   return y;
+}
+
+}  // namespace detail
+
+// The element-wise sum of x over the ranks of group, differentiable: its gradient on each rank is the sum over the
+// ranks of the output's gradient. Every rank must call it with x of the same shape, and run its backward.
+template <class T>
+nn::basic_variable<T> all_reduce_sum(const nn::basic_variable<T>& x, process_group& group) {
+  return detail::all_reduce_sum(x, &group, nullptr);
+}
+// The same over the replicas of a data-parallel model, each rank one (dynamic_data_parallel::replicas(), whose sums
+// keep their place among the gradient buckets in ddp.backward). The replicas outlive the backward.
+template <class T>
+nn::basic_variable<T> all_reduce_sum(const nn::basic_variable<T>& x, replica_reducer& replicas) {
+  return detail::all_reduce_sum(x, nullptr, &replicas);
 }
 
 struct sync_batch_norm_options {
@@ -122,19 +153,27 @@ class basic_sync_batch_norm : public nn::basic_batch_norm<T> {
   using nn::basic_module<T>::describe;
   process_group& group() const { return *group_; }
 
+  // The replicas its sums go through, over the same group: dynamic_data_parallel lends its own while it wraps the
+  // module (see the top of this file); null, the default, for an all-reduce on the group itself. The loan stays with
+  // this object: a copy of the module starts without it.
+  void set_replicas(replica_reducer* replicas) { replicas_.lent = replicas; }
+  replica_reducer* replicas() const { return replicas_.lent; }
+
  private:
   variable synchronised(const variable& x) {
     const index_t batch = x.shape()[0], channels = this->num_features();
     const index_t spatial = batch > 0 ? x.numel() / (batch * channels) : 0;
-    std::int64_t count = batch * spatial;
-    group_->all_reduce(std::span<std::int64_t>(&count, 1), reduce_op::sum, "SyncBatchNorm count");
+    // Summed in double, as the static layer's: exact up to 2^53 values.
+    double count = static_cast<double>(batch * spatial);
+    detail::sum_over_ranks(group_, replicas_.lent, std::span<double>(&count, 1), "SyncBatchNorm count");
     if (count <= 1) fail("expected more than one value per channel across the ranks when training, found ", count);
     const T total = static_cast<T>(count);
     const kiln::shape per_channel{1, channels, 1};
+    const auto summed = [&](const variable& v) { return detail::all_reduce_sum(v, group_, replicas_.lent); };
     const variable rows = nn::view(x, {batch, channels, spatial});
-    const variable mean = nn::mul(all_reduce_sum(nn::sum(rows, {0, 2}), *group_), T(1) / total);
+    const variable mean = nn::mul(summed(nn::sum(rows, {0, 2})), T(1) / total);
     const variable centered = nn::sub(rows, nn::view(mean, per_channel));
-    const variable var = nn::mul(all_reduce_sum(nn::sum(nn::square(centered), {0, 2}), *group_), T(1) / total);
+    const variable var = nn::mul(summed(nn::sum(nn::square(centered), {0, 2})), T(1) / total);
     variable y = nn::mul(centered, nn::view(nn::rsqrt(nn::add(var, this->eps())), per_channel));
     if (this->weight.defined())
       y = nn::add(nn::mul(y, nn::view(this->weight, per_channel)), nn::view(this->bias, per_channel));
@@ -162,6 +201,7 @@ class basic_sync_batch_norm : public nn::basic_batch_norm<T> {
   }
 
   process_group* group_;
+  lent_replicas replicas_;
 };
 
 using SyncBatchNorm = basic_sync_batch_norm<float>;

@@ -15,7 +15,8 @@
 //   MaxPool2D, AvgPool2D    MaxPool, AveragePool; ceil_mode as end padding that gives kiln's size (see onnx_cnn.hpp),
 //                           count_include_pad as kiln's (a Pad node first where a ceil-mode window overhangs)
 //   GlobalAvgPool2D         GlobalAveragePool + Flatten;  nn::AdaptiveAvgPool2d(1): GlobalAveragePool
-//   BatchNorm1d, 2d         BatchNormalization in inference form: running mean and variance, epsilon
+//   BatchNorm1d, 2d         BatchNormalization in inference form: running mean and variance, epsilon (SyncBatchNorm1d
+//                           and 2d too, which evaluate as BatchNorm)
 //   LayerNorm               LayerNormalization (opset >= 17), else ReduceMean, Sub, Mul, Add, Sqrt, Div
 //   Dropout                 nothing (the identity at inference)
 //   LSTM, GRU               LSTM / GRU, one node per stacked layer: ONNX's gate order, "bidirectional" direction,

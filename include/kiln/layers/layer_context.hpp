@@ -1,8 +1,10 @@
-// What every layer's forward and backward receive besides tensors: the batch size and the training flag.
+// What every layer's forward and backward receive besides tensors: the batch size, the training flag, and the few
+// facts of the pass some layers need.
 #pragma once
 
 #include "kiln/core/config.hpp"
 #include "kiln/core/random.hpp"
+#include "kiln/core/replicas.hpp"
 
 namespace kiln {
 
@@ -17,6 +19,9 @@ struct layer_context {
   // Static mode: static_options::fuse_epilogues for the pass, as forward's `fuse` says it. A block's backward reads it
   // to lay out its layers as its forward, whose choices it depended on, did.
   bool fuse_epilogues = true;
+  // Data-parallel training: the sums over the model's replicas (distributed::static_data_parallel lends them to the
+  // model it wraps), for layers whose training computes across the replicas (SyncBatchNorm); null for a model alone.
+  replica_reducer* replicas = nullptr;
 };
 
 // The interface of a static layer type L, bound to its input shape as L::bind<In> (see layers/dense.hpp):

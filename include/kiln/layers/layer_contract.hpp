@@ -88,6 +88,11 @@ struct example_layer {
     //           memory. ctx.training: the model's mode, or true inside train_step. ctx.rng: non-null only for a layer
     //           that draws_at_run_time. ctx.input_as_in_forward: false. fuse: static_options::fuse_epilogues (also in
     //           ctx.fuse_epilogues, which a block's backward reads to lay its layers out as its forward did).
+    //           ctx.replicas: in data-parallel training, the sums over the model's replicas (Sequential::set_replicas,
+    //           which distributed::static_data_parallel calls), in this pass and its backward; null for a model alone.
+    //           A sum over them is a collective: a layer sums only where every replica does the same at the same
+    //           point (SyncBatchNorm: in each training forward and backward, which data-parallel training runs on
+    //           every replica in step), never in evaluation, which replicas run on their own.
     // ensures:  y = the layer's function of x. The result is the same whatever fuse says (within float rounding); fuse
     //           may change only how it is computed (Dense applies its activation in the GEMM's epilogue, or as a pass
     //           of its own). Whatever backward will need is left in scratch. In training, forward may update buffers

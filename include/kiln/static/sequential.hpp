@@ -27,6 +27,7 @@
 
 #include "kiln/core/error.hpp"
 #include "kiln/core/memory.hpp"
+#include "kiln/core/replicas.hpp"
 #include "kiln/core/step_profile.hpp"
 #include "kiln/core/tensor.hpp"
 #include "kiln/layers/layer_context.hpp"
@@ -105,6 +106,14 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   void train(bool on = true) { training_ = on; }
   void eval() { training_ = false; }
   bool is_training() const { return training_; }
+
+  // Data-parallel training: the sums over this model's replicas, which its layers that compute across them
+  // (SyncBatchNorm) reach in layer_context::replicas. distributed::static_data_parallel sets them while it wraps the
+  // model; null, the default, for a model alone. Every replica then runs each training pass (train_step,
+  // forward_backward, forward in training mode) together with the others. They are lent to this object: a copy or a
+  // move of the model starts without them, and assigning to the model keeps its own.
+  void set_replicas(replica_reducer* replicas) { replicas_.lent = replicas; }
+  replica_reducer* replicas() const { return replicas_.lent; }
 
   // Runs the layers on a batch of host data and returns a view of the output inside the workspace (valid until the
   // next call; in the policy's memory, see last_output_on_host).
@@ -387,7 +396,8 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   }
 
   // One pass's view of the state for the executor.
-  typename executor::pass make_pass(const layer_context& ctx) {
+  typename executor::pass make_pass(layer_context ctx) {
+    ctx.replicas = replicas_.lent;
     return {this->params_.data(), this->buffers_.data(), this->grads_.data(), this->generators_.data(), ctx,
             options_.fuse_epilogues};
   }
@@ -478,6 +488,7 @@ class Sequential : public static_state<static_plan<Policy, InputSpec, Layers...>
   policy_buffer<T> input_stage_, target_stage_;
   policy_buffer<std::int64_t> label_stage_;
   aligned_buffer<T> output_host_;
+  lent_replicas replicas_;  // see set_replicas
   step_profile* profile_ = nullptr;  // set during a profiled train_step
   detail::profile_clock profile_clock_;
 };

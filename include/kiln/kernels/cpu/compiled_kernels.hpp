@@ -90,6 +90,11 @@
   X(kiln::kernels::cpu::normalization_kernels::batch_norm_count_batch, T)                    \
   X(kiln::kernels::cpu::normalization_kernels::batch_norm_forward_eval, T)                   \
   X(kiln::kernels::cpu::normalization_kernels::batch_norm_backward, T)                       \
+  X(kiln::kernels::cpu::normalization_kernels::batch_norm_channel_sums, T)                   \
+  X(kiln::kernels::cpu::normalization_kernels::batch_norm_channel_squares, T)                \
+  X(kiln::kernels::cpu::normalization_kernels::batch_norm_forward_from_sums, T)              \
+  X(kiln::kernels::cpu::normalization_kernels::batch_norm_backward_sums, T)                  \
+  X(kiln::kernels::cpu::normalization_kernels::batch_norm_backward_from_sums, T)             \
   X(kiln::kernels::cpu::normalization_kernels::layer_norm_forward, T)                        \
   X(kiln::kernels::cpu::normalization_kernels::layer_norm_backward, T)                       \
   X(kiln::kernels::cpu::dropout_kernels::dropout_forward, T)                                 \

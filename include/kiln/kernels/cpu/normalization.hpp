@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "kiln/core/config.hpp"
 #include "kiln/kernels/cpu/parallel.hpp"
@@ -24,25 +25,13 @@ struct normalization_kernels {
                                        T* running_mean, T* running_var, index_t batch, index_t channels,
                                        index_t spatial, T eps, T momentum) {
     using S = sum_type<T>;
-    const index_t count = batch * spatial;
+    const S count = S(batch * spatial);
     each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
       for (index_t c = first; c < last; ++c) {
-        const S mean = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) { return S(x[i]); }) / S(count);
-        const S squares = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) {
-          const S d = S(x[i]) - mean;
-          return d * d;
-        });
-        const S var = squares / S(count);
-        const T m = static_cast<T>(mean);
-        const T invstd = static_cast<T>(1 / std::sqrt(var + S(eps)));
-        save_mean[c] = m;
-        save_invstd[c] = invstd;
-        if (running_mean) running_mean[c] = (T(1) - momentum) * running_mean[c] + momentum * m;
-        if (running_var) {
-          const T unbiased = static_cast<T>(count > 1 ? squares / S(count - 1) : var);
-          running_var[c] = (T(1) - momentum) * running_var[c] + momentum * unbiased;
-        }
-        normalize_channel(x, gamma, beta, y, c, m, invstd, batch, channels, spatial);
+        const S mean = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) { return S(x[i]); }) / count;
+        const S squares = channel_squares(x, c, mean, batch, channels, spatial);
+        normalize_by_statistics(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, c, mean,
+                                squares, count, batch, channels, spatial, eps, momentum);
       }
     });
   }
@@ -71,26 +60,87 @@ struct normalization_kernels {
                                   const T* mean, const T* invstd, index_t batch, index_t channels, index_t spatial,
                                   bool batch_statistics, bool accumulate) {
     using S = sum_type<T>;
-    const index_t count = batch * spatial;
+    const S count = S(batch * spatial);
     each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
       for (index_t c = first; c < last; ++c) {
-        const T m = mean[c], is = invstd[c];
-        const S sum_dy = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) { return S(dy[i]); });
-        const S sum_dy_xhat = channel_sums<T>(batch, channels, spatial, c,
-                                              [&](index_t i) { return S(dy[i]) * S((x[i] - m) * is); });
+        const auto [sum_dy, sum_dy_xhat] = channel_gradient_sums(x, dy, c, mean[c], invstd[c], batch, channels,
+                                                                 spatial);
         if (dgamma) dgamma[c] = accumulate ? dgamma[c] + static_cast<T>(sum_dy_xhat) : static_cast<T>(sum_dy_xhat);
         if (dbeta) dbeta[c] = accumulate ? dbeta[c] + static_cast<T>(sum_dy) : static_cast<T>(sum_dy);
         if (!dx) continue;
-        const T scale = (gamma ? gamma[c] : T(1)) * is;
-        const T mean_dy = batch_statistics ? static_cast<T>(sum_dy / S(count)) : T(0);
-        const T mean_dy_xhat = batch_statistics ? static_cast<T>(sum_dy_xhat / S(count)) : T(0);
-        for (index_t n = 0; n < batch; ++n) {
-          const index_t o = (n * channels + c) * spatial;
-          for (index_t s = 0; s < spatial; ++s) {
-            const T xhat = (x[o + s] - m) * is;
-            dx[o + s] = scale * (dy[o + s] - mean_dy - xhat * mean_dy_xhat);
-          }
-        }
+        const T mean_dy = batch_statistics ? static_cast<T>(sum_dy / count) : T(0);
+        const T mean_dy_xhat = batch_statistics ? static_cast<T>(sum_dy_xhat / count) : T(0);
+        input_gradient(x, gamma, dy, dx, c, mean[c], invstd[c], mean_dy, mean_dy_xhat, batch, channels, spatial);
+      }
+    });
+  }
+
+  // Batch norm over a batch split between the replicas of a data-parallel model (SyncBatchNorm): the statistics of
+  // the whole batch come from per-replica sums, which the caller sums over the replicas between these kernels. Each
+  // computes what batch_norm_forward_train and batch_norm_backward compute from the sums over the one batch, by the
+  // same code: with one replica, the same bits. count is the number of values per channel over every replica.
+  //
+  // sums[c] = the sum of channel c's values on this replica.
+  template <class T>
+  KILN_KERNEL static void batch_norm_channel_sums(const T* x, sum_type<T>* sums, index_t batch, index_t channels,
+                                                  index_t spatial) {
+    using S = sum_type<T>;
+    each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
+      for (index_t c = first; c < last; ++c)
+        sums[c] = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) { return S(x[i]); });
+    });
+  }
+  // squares[c] = the sum over channel c's values on this replica of (x - mean)^2, mean = sums[c] / count (sums over
+  // every replica).
+  template <class T>
+  KILN_KERNEL static void batch_norm_channel_squares(const T* x, const sum_type<T>* sums, sum_type<T> count,
+                                                     sum_type<T>* squares, index_t batch, index_t channels,
+                                                     index_t spatial) {
+    each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
+      for (index_t c = first; c < last; ++c)
+        squares[c] = channel_squares(x, c, sums[c] / count, batch, channels, spatial);
+    });
+  }
+  // batch_norm_forward_train's normalisation and running statistics, from the sums and squares over every replica.
+  template <class T>
+  KILN_KERNEL static void batch_norm_forward_from_sums(const T* x, const T* gamma, const T* beta, T* y, T* save_mean,
+                                                       T* save_invstd, T* running_mean, T* running_var,
+                                                       const sum_type<T>* sums, const sum_type<T>* squares,
+                                                       sum_type<T> count, index_t batch, index_t channels,
+                                                       index_t spatial, T eps, T momentum) {
+    each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
+      for (index_t c = first; c < last; ++c)
+        normalize_by_statistics(x, gamma, beta, y, save_mean, save_invstd, running_mean, running_var, c,
+                                sums[c] / count, squares[c], count, batch, channels, spatial, eps, momentum);
+    });
+  }
+  // sums[c] = sum of dy and sums[channels + c] = sum of dy xhat over channel c on this replica; dgamma and dbeta
+  // (skipped when null) are overwritten with them: the parameters' gradient from this replica's samples.
+  template <class T>
+  KILN_KERNEL static void batch_norm_backward_sums(const T* x, const T* dy, T* dgamma, T* dbeta, const T* mean,
+                                                   const T* invstd, sum_type<T>* sums, index_t batch,
+                                                   index_t channels, index_t spatial) {
+    each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
+      for (index_t c = first; c < last; ++c) {
+        const auto [sum_dy, sum_dy_xhat] = channel_gradient_sums(x, dy, c, mean[c], invstd[c], batch, channels,
+                                                                 spatial);
+        sums[c] = sum_dy;
+        sums[channels + c] = sum_dy_xhat;
+        if (dgamma) dgamma[c] = static_cast<T>(sum_dy_xhat);
+        if (dbeta) dbeta[c] = static_cast<T>(sum_dy);
+      }
+    });
+  }
+  // dx (overwritten) as batch_norm_backward's in training, from batch_norm_backward_sums's sums over every replica.
+  template <class T>
+  KILN_KERNEL static void batch_norm_backward_from_sums(const T* x, const T* gamma, const T* dy, T* dx, const T* mean,
+                                                        const T* invstd, const sum_type<T>* sums, sum_type<T> count,
+                                                        index_t batch, index_t channels, index_t spatial) {
+    each_channel_slice(batch, channels, spatial, [&](index_t first, index_t last) {
+      for (index_t c = first; c < last; ++c) {
+        const T mean_dy = static_cast<T>(sums[c] / count);
+        const T mean_dy_xhat = static_cast<T>(sums[channels + c] / count);
+        input_gradient(x, gamma, dy, dx, c, mean[c], invstd[c], mean_dy, mean_dy_xhat, batch, channels, spatial);
       }
     });
   }
@@ -193,6 +243,61 @@ struct normalization_kernels {
     for (index_t n = 0; n < batch; ++n) {
       const index_t o = (n * channels + c) * spatial;
       for (index_t s = 0; s < spatial; ++s) y[o + s] = x[o + s] * scale + shift;
+    }
+  }
+  // The sum of (x - mean)^2 over channel c's values, mean in sum_type<T>.
+  template <class T>
+  static sum_type<T> channel_squares(const T* x, index_t c, sum_type<T> mean, index_t batch, index_t channels,
+                                     index_t spatial) {
+    using S = sum_type<T>;
+    return channel_sums<T>(batch, channels, spatial, c, [&](index_t i) {
+      const S d = S(x[i]) - mean;
+      return d * d;
+    });
+  }
+  // Channel c normalised by the batch statistics (mean, and squares / count the biased variance), which are saved as
+  // (mean, invstd) and enter the running statistics when those are not null (the unbiased variance, squares /
+  // (count - 1)).
+  template <class T>
+  static void normalize_by_statistics(const T* x, const T* gamma, const T* beta, T* y, T* save_mean, T* save_invstd,
+                                      T* running_mean, T* running_var, index_t c, sum_type<T> mean,
+                                      sum_type<T> squares, sum_type<T> count, index_t batch, index_t channels,
+                                      index_t spatial, T eps, T momentum) {
+    using S = sum_type<T>;
+    const S var = squares / count;
+    const T m = static_cast<T>(mean);
+    const T invstd = static_cast<T>(1 / std::sqrt(var + S(eps)));
+    save_mean[c] = m;
+    save_invstd[c] = invstd;
+    if (running_mean) running_mean[c] = (T(1) - momentum) * running_mean[c] + momentum * m;
+    if (running_var) {
+      const T unbiased = static_cast<T>(count > 1 ? squares / (count - 1) : var);
+      running_var[c] = (T(1) - momentum) * running_var[c] + momentum * unbiased;
+    }
+    normalize_channel(x, gamma, beta, y, c, m, invstd, batch, channels, spatial);
+  }
+  // The sums over channel c of dy and of dy xhat, xhat = (x - mean) invstd.
+  template <class T>
+  static std::pair<sum_type<T>, sum_type<T>> channel_gradient_sums(const T* x, const T* dy, index_t c, T mean,
+                                                                   T invstd, index_t batch, index_t channels,
+                                                                   index_t spatial) {
+    using S = sum_type<T>;
+    const S sum_dy = channel_sums<T>(batch, channels, spatial, c, [&](index_t i) { return S(dy[i]); });
+    const S sum_dy_xhat = channel_sums<T>(batch, channels, spatial, c,
+                                          [&](index_t i) { return S(dy[i]) * S((x[i] - mean) * invstd); });
+    return {sum_dy, sum_dy_xhat};
+  }
+  // dx = gamma invstd (dy - mean_dy - xhat mean_dy_xhat) over channel c.
+  template <class T>
+  static void input_gradient(const T* x, const T* gamma, const T* dy, T* dx, index_t c, T mean, T invstd, T mean_dy,
+                             T mean_dy_xhat, index_t batch, index_t channels, index_t spatial) {
+    const T scale = (gamma ? gamma[c] : T(1)) * invstd;
+    for (index_t n = 0; n < batch; ++n) {
+      const index_t o = (n * channels + c) * spatial;
+      for (index_t s = 0; s < spatial; ++s) {
+        const T xhat = (x[o + s] - mean) * invstd;
+        dx[o + s] = scale * (dy[o + s] - mean_dy - xhat * mean_dy_xhat);
+      }
     }
   }
 };
