@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,17 +26,22 @@ inline void add_channel_dim(mnist_data& d) {
   }
 }
 
-// Adam(1e-3), batch 64, cross-entropy, optional augmentation; evaluation on the test set, and with class names a
+// Adam(1e-3), batch 64, cross-entropy, optional augmentation and callbacks (a learning-rate schedule); evaluation on the test set, and with class names a
 // per-class report of precision, recall and F1 from the test set's confusion matrix.
 template <class Net>
 cnn_outcome fit_cnn(Net& net, const mnist_data& d, int epochs, std::uint64_t seed,
                     data::transform_fn<float> transform = {}, double lr = 1e-3,
-                    const std::vector<std::string>& class_names = {}) {
+                    const std::vector<std::string>& class_names = {},
+                    std::vector<std::shared_ptr<train::callback>> callbacks = {}) {
   Model model(net);
   model.compile(optim::Adam({.lr = lr}), loss::cross_entropy{}, {metric::accuracy});
   model.summary();
   auto start = std::chrono::steady_clock::now();
-  model.fit(d.train, {.epochs = epochs, .batch_size = 64, .seed = seed, .transform = std::move(transform)});
+  model.fit(d.train, {.epochs = epochs,
+                     .batch_size = 64,
+                     .callbacks = std::move(callbacks),
+                     .seed = seed,
+                     .transform = std::move(transform)});
   double train_s = seconds_since(start);
   auto test = model.evaluate(d.test);
   std::printf("test loss %.4f, test accuracy %.4f\n", test.loss, test["accuracy"]);
