@@ -1,8 +1,13 @@
-// Pinning a bench's threads to CPUs (Linux), shared by bench/thread_scaling and bench/core_link.
+// Pinning a bench's threads to CPUs (Linux), shared by bench/thread_scaling and bench/core_link, and a competing load
+// for a bench to run beside itself.
 #pragma once
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -39,5 +44,35 @@ inline void pin_to(int cpu, const std::vector<int>& cpus, const char* program) {
   }
   throw kiln::error(std::string(program) + ": could not let the thread run on CPUs " + listed + " again");
 }
+
+// Another process that spins on one CPU for as long as this object lives: the load of a machine shared with other
+// work, which a bench runs itself so that a measurement under load is one command. The process is started before
+// the bench's own threads exist (construct it first), dies with the bench (PR_SET_PDEATHSIG) and is killed when the
+// object goes.
+class competing_load {
+ public:
+  competing_load(int cpu, const char* program) {
+    pid_ = ::fork();
+    if (pid_ < 0) throw kiln::error(std::string(program) + ": could not start the competing load (fork failed)");
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      if (::sched_setaffinity(0, sizeof(set), &set) != 0) ::_exit(1);
+      volatile unsigned long spin = 0;
+      for (;;) spin = spin + 1;
+    }
+  }
+  competing_load(const competing_load&) = delete;
+  competing_load& operator=(const competing_load&) = delete;
+  ~competing_load() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
 
 }  // namespace kiln::bench

@@ -4,7 +4,11 @@
 // more than the effect measured.
 //
 //   thread_scaling [--workload mnist_mlp|lstm|mnist_cnn] [--threads N] [--epochs 2] [--steps N] [--block B]
-//                  [--batches-ready] [--profile] [--data DIR] [--precision single|bf16x3|bf16]
+//                  [--batches-ready] [--profile] [--data DIR] [--precision single|bf16x3|bf16] [--busy-cpu C]
+//
+// --busy-cpu C runs the whole measurement beside another process spinning on CPU C (bench::competing_load): a machine
+// shared with other work, where N threads must not be much slower than one (the one-thread figure, the faster CPU's,
+// then comes from a free one).
 //
 // Workloads, the ladder's (bench/ladder.cpp) on the same batches of MNIST: mnist_mlp (784-128-10), lstm (each image
 // as 28 rows into LSTM(128), its final state into Dense 10) and mnist_cnn (Conv32-Conv64-MaxPool-Dense128-Dense10),
@@ -40,6 +44,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -379,7 +384,15 @@ int measure(const settings& s, const data::tensor_dataset<float, std::int64_t>& 
 
 int main(int argc, char** argv) try {
   examples::flags flags(argc, argv,
-                        {"--workload", "--epochs", "--steps", "--block", "--batches-ready", "--profile", "--data"});
+                        {"--workload", "--epochs", "--steps", "--block", "--batches-ready", "--profile", "--data",
+                         "--busy-cpu"});
+  // Started first, before any of the bench's threads exist.
+  std::optional<bench::competing_load> load;
+  if (flags.has("--busy-cpu")) {
+    const int cpu = int(flags.get_int("--busy-cpu", 1));
+    load.emplace(cpu, "thread_scaling");
+    std::printf("a competing load spins on CPU %d for the whole run\n", cpu);
+  }
   settings s;
   s.workload = flags.get("--workload", "mnist_mlp");
   s.fused = s.workload == "mnist_mlp_fused";
