@@ -33,6 +33,12 @@ struct without_amx {
   ~without_amx() { kernels::cpu::set_amx_gemm(saved); }
 };
 
+// A convolution the tests take, named in their output.
+struct geometry_case {
+  const char* name;
+  conv_geometry g;
+};
+
 struct thread_count {
   int saved = num_threads();
   explicit thread_count(int threads) { set_num_threads(threads); }
@@ -161,10 +167,6 @@ void check_input_gradient(const conv_geometry& g, index_t batch, int threads) {
 
 TEST_CASE("direct convolution forward: the bits of im2col and the blocked GEMM") {
   const without_amx no_amx;
-  struct geometry_case {
-    const char* name;
-    conv_geometry g;
-  };
   const geometry_case cases[] = {
       {"the MNIST CNN's second convolution", make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
       {"the MNIST CNN's first convolution", make_conv_geometry(1, 28, 28, 32, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
@@ -191,10 +193,6 @@ TEST_CASE("direct convolution forward: the bits of im2col and the blocked GEMM")
 
 TEST_CASE("direct convolution weight gradient: the bits of im2col and the blocked GEMM") {
   const without_amx no_amx;
-  struct geometry_case {
-    const char* name;
-    conv_geometry g;
-  };
   const geometry_case cases[] = {
       {"the MNIST CNN's second convolution (two k blocks of 12 output rows)",
        make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
@@ -219,10 +217,6 @@ TEST_CASE("direct convolution weight gradient: the bits of im2col and the blocke
 
 TEST_CASE("direct convolution input gradient: a forward convolution of the output gradient") {
   const without_amx no_amx;
-  struct geometry_case {
-    const char* name;
-    conv_geometry g;
-  };
   const geometry_case cases[] = {
       {"the MNIST CNN's second convolution", make_conv_geometry(32, 26, 26, 64, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
       {"the ResNet's first stage (padded, 16 channels)", make_conv_geometry(16, 28, 28, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1)},
@@ -327,10 +321,6 @@ TEST_CASE("sparse convolution gradients: the dense kernels' bits from the nonzer
     MESSAGE("skipped: the sparse gradients need AVX-512 (or KILN_SPARSE_GRADIENT=0 turned them off)");
     return;
   }
-  struct geometry_case {
-    const char* name;
-    conv_geometry g;
-  };
   const geometry_case cases[] = {
       {"the MNIST CNN's second convolution (two k blocks of 12 output rows)", mnist},
       {"k blocks cut mid-row, 20 output channels", make_conv_geometry(16, 27, 27, 20, 3, 3, 1, 1, 0, 0, 1, 1, 1)},
