@@ -89,8 +89,8 @@ void check_against_im2col(const conv_geometry& g, index_t batch, bool with_bias,
 }
 
 // conv2d_backward's weight gradient (overwritten, then accumulated onto the weights' values) through the direct path
-// and through im2col: the same bits. The input gradient and the bias gradient are compared too (their paths are
-// shared, so they must not have moved).
+// and through im2col: the same bits. The bias gradient is compared too (its path is shared, so it must not have
+// moved), and the input gradient as its path allows (below).
 template <class T>
 void check_weight_gradient(const conv_geometry& g, index_t batch, int threads) {
   REQUIRE(kernels::cpu::conv_direct_weight_gradient_applies<T>(g));
